@@ -7,6 +7,8 @@
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
 
 use crate::discovery::Efa;
 use crate::health::node_path;
@@ -14,6 +16,7 @@ use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
 };
 use crate::state::Inventory;
+use crate::telemetry::metrics::AllocationMetrics;
 
 /// Where the container finds a device node. It must equal the host's own path, because
 /// libibverbs pairs `/sys/class/infiniband_verbs/uverbsN` with `/dev/infiniband/uverbsN`.
@@ -54,14 +57,37 @@ impl Contributor for DeviceNodes {
 /// Serves Allocate from the current snapshot.
 pub struct Allocator {
     contributors: Vec<Box<dyn Contributor>>,
+    metrics: Option<Arc<AllocationMetrics>>,
 }
 
 impl Allocator {
     pub fn new(contributors: Vec<Box<dyn Contributor>>) -> Self {
-        Allocator { contributors }
+        Allocator {
+            contributors,
+            metrics: None,
+        }
+    }
+
+    /// Counts and times every answer in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<AllocationMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn allocate(
+        &self,
+        inventory: &Inventory,
+        request: &AllocateRequest,
+    ) -> Result<AllocateResponse, AllocateError> {
+        let started = Instant::now();
+        let answer = self.answer(inventory, request);
+        if let Some(metrics) = &self.metrics {
+            metrics.record(answer.is_ok(), started.elapsed());
+        }
+        answer
+    }
+
+    fn answer(
         &self,
         inventory: &Inventory,
         request: &AllocateRequest,

@@ -1,4 +1,11 @@
-//! Logging: text or one JSON object per line, quiet while nothing changes.
+//! What the plugin tells operators: logs (here), Prometheus metrics and probes.
+//!
+//! Logging is text or one JSON object per line, and quiet while nothing changes.
+
+pub mod counters;
+pub mod http;
+pub mod metrics;
+pub mod pod_resources;
 
 use tracing_subscriber::EnvFilter;
 
