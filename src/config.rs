@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 #[command(
     name = "efa-device-plugin",
     version,
-    about = "Kubernetes device plugin for AWS Elastic Fabric Adapter (EFA)"
+    about = "Kubernetes device plugin for AWS Elastic Fabric Adapter (EFA)",
+    // A later flag overrides an earlier one, so wrappers can append overrides to fixed args.
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(flatten)]
