@@ -7,6 +7,8 @@ pub mod http;
 pub mod metrics;
 pub mod pod_resources;
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::LogFormat;
@@ -22,6 +24,8 @@ pub fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal; in a container log they are noise.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false);
     let installed = match format {
         LogFormat::Text => builder.try_init(),

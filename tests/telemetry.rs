@@ -1,0 +1,317 @@
+//! The HTTP endpoint of the real binary: metrics, probes and pod attribution follow what the
+//! kubelet and the node do.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
+use efa_device_plugin::proto::podresources::{
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
+    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
+    ListPodResourcesResponse, PodResources,
+    pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
+};
+use efa_device_plugin::simulate::{FakeDevice, Shape};
+use support::{Harness, sample};
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+fn hw(name: &str, device: &FakeDevice) -> String {
+    format!(
+        "efa_{name}_total{{device=\"{}\",ibdev=\"{}\"}}",
+        device.bdf, device.ibdev
+    )
+}
+
+fn devices(text: &str, health: &str) -> Option<f64> {
+    sample(
+        text,
+        &format!("efa_device_plugin_devices{{health=\"{health}\"}}"),
+    )
+}
+
+async fn allocate(h: &Harness, ids: &[&str]) -> Result<(), tonic::Status> {
+    let mut client = h.kubelet.plugin().expect("plugin connection");
+    client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+            }],
+        })
+        .await
+        .map(drop)
+}
+
+#[tokio::test]
+async fn metrics_follow_registrations_restarts_allocations_and_failures() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    let efas: Vec<FakeDevice> = h.efas().into_iter().cloned().collect();
+
+    let text = h
+        .scrape_until("the first registration", |t| {
+            sample(t, "efa_device_plugin_registrations_total") == Some(1.0)
+        })
+        .await;
+    assert_eq!(devices(&text, "healthy"), Some(4.0), "{text}");
+    assert_eq!(devices(&text, "unhealthy"), Some(0.0));
+    assert_eq!(
+        sample(&text, "efa_device_plugin_kubelet_restarts_total"),
+        Some(0.0)
+    );
+    assert_eq!(sample(&text, "efa_device_plugin_dra_conflict"), Some(0.0));
+    let build = format!(
+        "efa_device_plugin_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(sample(&text, &build), Some(1.0));
+    assert!(text.contains("# TYPE efa_device_plugin_allocate_duration_seconds histogram"));
+    for efa in &efas {
+        assert_eq!(sample(&text, &hw("tx_bytes", efa)), Some(0.0), "{text}");
+        assert_eq!(sample(&text, &hw("submitted_cmds", efa)), Some(0.0));
+    }
+    assert!(!text.contains("lifespan"));
+
+    // Counters are read when scraped, never cached.
+    h.node
+        .set_port_counter(&efas[2], "tx_bytes", 987_654_321)
+        .unwrap();
+    let text = h.get("/metrics").await.1;
+    assert_eq!(
+        sample(&text, &hw("tx_bytes", &efas[2])),
+        Some(987_654_321.0)
+    );
+
+    allocate(&h, &[&efas[0].bdf]).await.unwrap();
+    allocate(&h, &["0000:ff:00.0"]).await.unwrap_err();
+    let text = h.get("/metrics").await.1;
+    let ok = "efa_device_plugin_allocations_total{result=\"ok\"}";
+    let error = "efa_device_plugin_allocations_total{result=\"error\"}";
+    assert_eq!(sample(&text, ok), Some(1.0), "{text}");
+    assert_eq!(sample(&text, error), Some(1.0));
+    assert_eq!(
+        sample(&text, "efa_device_plugin_allocate_duration_seconds_count"),
+        Some(2.0)
+    );
+
+    h.kubelet.restart().await.unwrap();
+    h.registered().await;
+    let text = h
+        .scrape_until("the kubelet restart", |t| {
+            sample(t, "efa_device_plugin_kubelet_restarts_total") == Some(1.0)
+        })
+        .await;
+    assert_eq!(
+        sample(&text, "efa_device_plugin_registrations_total"),
+        Some(2.0)
+    );
+
+    let started = h.kubelet.view().borrow().streams_started;
+    h.kubelet.end_stream();
+    h.wait("registration after the stream end", |v| {
+        v.streams_started > started && v.stream_open
+    })
+    .await;
+    let text = h
+        .scrape_until("the third registration", |t| {
+            sample(t, "efa_device_plugin_registrations_total") == Some(3.0)
+        })
+        .await;
+    assert_eq!(
+        sample(&text, "efa_device_plugin_kubelet_restarts_total"),
+        Some(1.0),
+        "a stream end is not a kubelet restart"
+    );
+
+    h.node.remove_node(&efas[1]).unwrap();
+    h.scrape_until("the failed device", |t| {
+        devices(t, "unhealthy") == Some(1.0) && devices(t, "healthy") == Some(3.0)
+    })
+    .await;
+    h.node.create_node(&efas[1]).unwrap();
+    h.scrape_until("the recovery", |t| devices(t, "healthy") == Some(4.0))
+        .await;
+}
+
+#[tokio::test]
+async fn probes_follow_the_registration() {
+    let mut h = Harness::new(Shape::P4d);
+    // A device-plugin dir without a kubelet: alive, but not ready.
+    let lonely = h.root.path().join("no-kubelet");
+    h.spawn_plugin(&["--device-plugin-dir", &lonely.display().to_string()]);
+    assert_eq!(h.get("/healthz").await, (200, "ok\n".into()));
+    let (status, reason) = h.get("/readyz").await;
+    assert_eq!(status, 503);
+    assert!(reason.contains("not registered"), "{reason}");
+    assert_eq!(h.get("/nope").await.0, 404);
+    h.terminate_plugin();
+
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    wait_ready(&h, 200).await;
+    assert_eq!(h.get("/healthz").await.0, 200);
+
+    // The kubelet's restart drops the registration until the plugin is back.
+    h.kubelet.restart().await.unwrap();
+    h.registered().await;
+    wait_ready(&h, 200).await;
+}
+
+async fn wait_ready(h: &Harness, expected: u16) {
+    let deadline = Instant::now() + support::TIMEOUT;
+    loop {
+        let (status, body) = h.get("/readyz").await;
+        if status == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "/readyz stayed {status}: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A kubelet PodResources endpoint with one pod holding one EFA; `stall` makes List hang.
+struct FakePodResources {
+    pods: Vec<PodResources>,
+    stall: Arc<AtomicBool>,
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for FakePodResources {
+    async fn list(
+        &self,
+        _: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        if self.stall.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+        Ok(Response::new(ListPodResourcesResponse {
+            pod_resources: self.pods.clone(),
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<AllocatableResourcesRequest>,
+    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        Err(Status::unimplemented("not needed by the plugin"))
+    }
+
+    async fn get(
+        &self,
+        _: Request<GetPodResourcesRequest>,
+    ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        Err(Status::unimplemented("not needed by the plugin"))
+    }
+}
+
+fn serve_pod_resources(
+    socket: &Path,
+    pods: Vec<PodResources>,
+) -> (Arc<AtomicBool>, CancellationToken) {
+    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
+    let listener = tokio::net::UnixListener::bind(socket).unwrap();
+    let stall = Arc::new(AtomicBool::new(false));
+    let stop = CancellationToken::new();
+    let service = FakePodResources {
+        pods,
+        stall: stall.clone(),
+    };
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(PodResourcesListerServer::new(service))
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(listener),
+                stop.clone().cancelled_owned(),
+            ),
+    );
+    (stall, stop)
+}
+
+fn pod(
+    namespace: &str,
+    name: &str,
+    container: &str,
+    resource: &str,
+    ids: &[String],
+) -> PodResources {
+    PodResources {
+        name: name.into(),
+        namespace: namespace.into(),
+        containers: vec![ContainerResources {
+            name: container.into(),
+            devices: vec![ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: ids.to_vec(),
+                topology: None,
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn counters_carry_the_pod_that_holds_the_device() {
+    let mut h = Harness::new(Shape::P4d);
+    let efas: Vec<FakeDevice> = h.efas().into_iter().cloned().collect();
+    let socket: PathBuf = h.root.path().join("pod-resources/kubelet.sock");
+    let (stall, _stop) = serve_pod_resources(
+        &socket,
+        vec![
+            pod(
+                "ml",
+                "trainer-0",
+                "main",
+                "vpc.amazonaws.com/efa",
+                &[efas[0].bdf.clone()],
+            ),
+            pod(
+                "ml",
+                "gpu-only",
+                "main",
+                "nvidia.com/gpu",
+                &[efas[1].bdf.clone()],
+            ),
+        ],
+    );
+    h.spawn_plugin(&["--pod-resources-socket", &socket.display().to_string()]);
+    h.registered().await;
+    h.node.set_port_counter(&efas[0], "rx_bytes", 4096).unwrap();
+
+    let held = format!(
+        "efa_rx_bytes_total{{device=\"{}\",ibdev=\"{}\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\"}}",
+        efas[0].bdf, efas[0].ibdev
+    );
+    let text = h
+        .scrape_until("pod labels", |t| sample(t, &held).is_some())
+        .await;
+    assert_eq!(sample(&text, &held), Some(4096.0));
+    assert_eq!(
+        sample(&text, &hw("rx_bytes", &efas[1])),
+        Some(0.0),
+        "another resource's pod is not ours"
+    );
+
+    // A kubelet that does not answer costs the labels, not the scrape.
+    stall.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    let (status, text) = h.get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        sample(&text, &hw("rx_bytes", &efas[0])),
+        Some(4096.0),
+        "{text}"
+    );
+    assert!(!text.contains("pod=\""));
+}
