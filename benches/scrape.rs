@@ -1,21 +1,20 @@
 //! What observability costs: a `/metrics` scrape of a p5.48xlarge (32 EFAs, 19 counters each),
 //! and Allocate latency with and without a scraper hammering the endpoint.
 //!
-//! The plugin runs as in production, on its own single-threaded runtime; the kubelet stand-in
-//! and the clients run on another thread. Run with `cargo bench --bench scrape`.
+//! The real binary runs as in production, one process on a single-threaded runtime; the kubelet
+//! stand-in and the clients run in this process. Run with `cargo bench --bench scrape`.
 
-use std::net::SocketAddr;
+#[path = "../tests/support/mod.rs"]
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use efa_device_plugin::app::Plugin;
-use efa_device_plugin::config::Settings;
 use efa_device_plugin::kubelet_stub::KubeletStub;
 use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
-use efa_device_plugin::simulate::{FakeNode, Nodes, Shape};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio_util::sync::CancellationToken;
+use efa_device_plugin::simulate::Shape;
+use support::{Harness, http_get};
 
 const SCRAPES: usize = 300;
 const ALLOCATIONS: usize = 2000;
@@ -23,104 +22,11 @@ const ALLOCATIONS: usize = 2000;
 const SCRAPE_BUDGET: Duration = Duration::from_millis(2);
 
 fn main() {
-    let root = tempfile::tempdir().expect("scratch dir");
-    let (node, devices) = FakeNode::build(root.path(), Shape::P5, Nodes::Files).expect("p5 node");
-    for (i, device) in devices.iter().enumerate() {
-        node.set_port_counter(device, "tx_bytes", 1_000_000 * i as u64)
-            .expect("counter");
-    }
-    let plugin_dir = root.path().join("device-plugins");
-    let address = free_loopback_port();
-    let settings = Settings {
-        sysfs_root: node.sysfs.clone(),
-        dev_root: node.dev.clone(),
-        device_plugin_dir: plugin_dir.clone(),
-        metrics_address: Some(address),
-        pod_resources_socket: root.path().join("pod-resources/kubelet.sock"),
-        plugins_registry_dir: root.path().join("plugins_registry"),
-        ..Settings::default()
-    };
-
-    let clients = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .expect("client runtime");
-    let kubelet = clients
-        .block_on(async { KubeletStub::start(&plugin_dir) })
-        .expect("kubelet");
-
-    let shutdown = CancellationToken::new();
-    let plugin_thread = std::thread::spawn({
-        let shutdown = shutdown.clone();
-        move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("plugin runtime")
-                .block_on(Plugin::new().run(&settings, shutdown))
-                .expect("plugin");
-        }
-    });
-
-    let rows = clients.block_on(async {
-        kubelet
-            .wait_for(Duration::from_secs(10), |v| {
-                v.stream_open && v.healthy() == devices.len()
-            })
-            .await
-            .expect("registration");
-        let id = devices[0].bdf.clone();
-        let text = get(address, "/metrics").await;
-        let series = text
-            .lines()
-            .filter(|l| l.starts_with("efa_") && !l.starts_with("efa_device_plugin"))
-            .count();
-
-        let scrape = summary(
-            &timed(SCRAPES, || async {
-                get(address, "/metrics").await;
-            })
-            .await,
-        );
-        let quiet = summary(&allocations(&kubelet, &id).await);
-
-        let stop = Arc::new(AtomicBool::new(false));
-        let scraped = Arc::new(AtomicUsize::new(0));
-        let scraper = std::thread::spawn({
-            let (stop, scraped) = (stop.clone(), scraped.clone());
-            move || {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("scraper runtime")
-                    .block_on(async {
-                        while !stop.load(Ordering::Relaxed) {
-                            get(address, "/metrics").await;
-                            scraped.fetch_add(1, Ordering::Relaxed);
-                        }
-                    })
-            }
-        });
-        let busy = summary(&allocations(&kubelet, &id).await);
-        stop.store(true, Ordering::Relaxed);
-        scraper.join().expect("scraper");
-
-        println!(
-            "p5.48xlarge: {} EFAs, {series} counter series per scrape, {} bytes",
-            devices.len(),
-            text.len()
-        );
-        println!(
-            "{} scrapes ran during the second Allocate run\n",
-            scraped.load(Ordering::Relaxed)
-        );
-        vec![
-            ("GET /metrics (32 EFAs)", scrape),
-            ("Allocate, no scrapes", quiet),
-            ("Allocate, scraped non-stop", busy),
-        ]
-    });
-
+    let rows = runtime.block_on(measure());
     println!("{:<28} {:>10} {:>10} {:>10}", "", "median", "p90", "p99");
     for (name, s) in &rows {
         println!(
@@ -136,9 +42,70 @@ fn main() {
         "OVER"
     };
     println!("\nscrape median {verdict} the {SCRAPE_BUDGET:?} budget");
+}
 
-    shutdown.cancel();
-    plugin_thread.join().expect("plugin thread");
+async fn measure() -> Vec<(&'static str, Summary)> {
+    let mut h = Harness::new(Shape::P5);
+    for (i, device) in h.efas().into_iter().enumerate() {
+        h.node
+            .set_port_counter(device, "tx_bytes", 1_000_000 * i as u64)
+            .expect("counter");
+    }
+    // The production rescan interval, so rescans do not crowd the measurement.
+    h.spawn_plugin(&["--rescan-interval", "5s"]);
+    h.registered().await;
+    let address = h.metrics_address().await;
+    let id = h.efas()[0].bdf.clone();
+    let text = http_get(address, "/metrics").await.1;
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("efa_") && !l.starts_with("efa_device_plugin"))
+        .count();
+
+    let scrape = summary(
+        &timed(SCRAPES, || async {
+            http_get(address, "/metrics").await;
+        })
+        .await,
+    );
+    let quiet = summary(&allocations(&h.kubelet, &id).await);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let scraped = Arc::new(AtomicUsize::new(0));
+    let scraper = std::thread::spawn({
+        let (stop, scraped) = (stop.clone(), scraped.clone());
+        move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("scraper runtime")
+                .block_on(async {
+                    while !stop.load(Ordering::Relaxed) {
+                        http_get(address, "/metrics").await;
+                        scraped.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+        }
+    });
+    let busy = summary(&allocations(&h.kubelet, &id).await);
+    stop.store(true, Ordering::Relaxed);
+    scraper.join().expect("scraper");
+
+    println!(
+        "p5.48xlarge: {} EFAs, {series} counter series, {} bytes per scrape",
+        h.efas().len(),
+        text.len()
+    );
+    println!(
+        "{} scrapes ran during the second Allocate run\n",
+        scraped.load(Ordering::Relaxed)
+    );
+    h.terminate_plugin();
+    vec![
+        ("GET /metrics (32 EFAs)", scrape),
+        ("Allocate, no scrapes", quiet),
+        ("Allocate, scraped non-stop", busy),
+    ]
 }
 
 struct Summary {
@@ -190,26 +157,4 @@ async fn allocations(kubelet: &KubeletStub, id: &str) -> Vec<Duration> {
         }
     })
     .await
-}
-
-/// A port nobody listens on right now; the plugin's flag takes an address, not a listener.
-fn free_loopback_port() -> SocketAddr {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("loopback");
-    listener.local_addr().expect("address")
-}
-
-/// One GET on a fresh connection, as a scraper without keep-alive would do it.
-async fn get(address: SocketAddr, path: &str) -> String {
-    let mut stream = tokio::net::TcpStream::connect(address)
-        .await
-        .expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("request");
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response");
-    let body = response.split_once("\r\n\r\n").map_or("", |(_, body)| body);
-    body.to_owned()
 }

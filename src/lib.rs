@@ -14,6 +14,7 @@ pub mod kubelet_stub;
 pub mod lifecycle;
 pub mod list;
 pub mod nfd;
+pub mod pod_resources_stub;
 pub mod proto;
 pub mod service;
 pub mod simulate;

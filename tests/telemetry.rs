@@ -3,23 +3,13 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use efa_device_plugin::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
-use efa_device_plugin::proto::podresources::{
-    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
-    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
-    ListPodResourcesResponse, PodResources,
-    pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
-};
 use efa_device_plugin::simulate::{FakeDevice, Shape};
 use support::{Harness, sample};
-use tokio_stream::wrappers::UnixListenerStream;
-use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status};
 
 fn hw(name: &str, device: &FakeDevice) -> String {
     format!(
@@ -33,6 +23,16 @@ fn devices(text: &str, health: &str) -> Option<f64> {
         text,
         &format!("efa_device_plugin_devices{{health=\"{health}\"}}"),
     )
+}
+
+/// Scrapes until the registration and kubelet-restart counters reach these values.
+async fn registrations(h: &Harness, registrations: u64, restarts: u64) -> String {
+    let what = format!("{registrations} registrations and {restarts} kubelet restarts");
+    h.scrape_until(&what, |t| {
+        sample(t, "efa_device_plugin_registrations_total") == Some(registrations as f64)
+            && sample(t, "efa_device_plugin_kubelet_restarts_total") == Some(restarts as f64)
+    })
+    .await
 }
 
 async fn allocate(h: &Harness, ids: &[&str]) -> Result<(), tonic::Status> {
@@ -54,11 +54,7 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
     h.registered().await;
     let efas: Vec<FakeDevice> = h.efas().into_iter().cloned().collect();
 
-    let text = h
-        .scrape_until("the first registration", |t| {
-            sample(t, "efa_device_plugin_registrations_total") == Some(1.0)
-        })
-        .await;
+    let text = registrations(&h, 1, 0).await;
     assert_eq!(devices(&text, "healthy"), Some(4.0), "{text}");
     assert_eq!(devices(&text, "unhealthy"), Some(0.0));
     assert_eq!(
@@ -102,15 +98,7 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
 
     h.kubelet.restart().await.unwrap();
     h.registered().await;
-    let text = h
-        .scrape_until("the kubelet restart", |t| {
-            sample(t, "efa_device_plugin_kubelet_restarts_total") == Some(1.0)
-        })
-        .await;
-    assert_eq!(
-        sample(&text, "efa_device_plugin_registrations_total"),
-        Some(2.0)
-    );
+    registrations(&h, 2, 1).await;
 
     let started = h.kubelet.view().borrow().streams_started;
     h.kubelet.end_stream();
@@ -118,16 +106,8 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
         v.streams_started > started && v.stream_open
     })
     .await;
-    let text = h
-        .scrape_until("the third registration", |t| {
-            sample(t, "efa_device_plugin_registrations_total") == Some(3.0)
-        })
-        .await;
-    assert_eq!(
-        sample(&text, "efa_device_plugin_kubelet_restarts_total"),
-        Some(1.0),
-        "a stream end is not a kubelet restart"
-    );
+    // A stream end is not a kubelet restart.
+    registrations(&h, 3, 1).await;
 
     h.node.remove_node(&efas[1]).unwrap();
     h.scrape_until("the failed device", |t| {
@@ -175,93 +155,12 @@ async fn wait_ready(h: &Harness, expected: u16) {
     }
 }
 
-/// A kubelet PodResources endpoint with one pod holding one EFA; `stall` makes List hang.
-struct FakePodResources {
-    pods: Vec<PodResources>,
-    stall: Arc<AtomicBool>,
-}
-
-#[tonic::async_trait]
-impl PodResourcesLister for FakePodResources {
-    async fn list(
-        &self,
-        _: Request<ListPodResourcesRequest>,
-    ) -> Result<Response<ListPodResourcesResponse>, Status> {
-        if self.stall.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_secs(30)).await;
-        }
-        Ok(Response::new(ListPodResourcesResponse {
-            pod_resources: self.pods.clone(),
-        }))
-    }
-
-    async fn get_allocatable_resources(
-        &self,
-        _: Request<AllocatableResourcesRequest>,
-    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
-        Err(Status::unimplemented("not needed by the plugin"))
-    }
-
-    async fn get(
-        &self,
-        _: Request<GetPodResourcesRequest>,
-    ) -> Result<Response<GetPodResourcesResponse>, Status> {
-        Err(Status::unimplemented("not needed by the plugin"))
-    }
-}
-
-fn serve_pod_resources(
-    socket: &Path,
-    pods: Vec<PodResources>,
-) -> (Arc<AtomicBool>, CancellationToken) {
-    std::fs::create_dir_all(socket.parent().unwrap()).unwrap();
-    let listener = tokio::net::UnixListener::bind(socket).unwrap();
-    let stall = Arc::new(AtomicBool::new(false));
-    let stop = CancellationToken::new();
-    let service = FakePodResources {
-        pods,
-        stall: stall.clone(),
-    };
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(PodResourcesListerServer::new(service))
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(listener),
-                stop.clone().cancelled_owned(),
-            ),
-    );
-    (stall, stop)
-}
-
-fn pod(
-    namespace: &str,
-    name: &str,
-    container: &str,
-    resource: &str,
-    ids: &[String],
-) -> PodResources {
-    PodResources {
-        name: name.into(),
-        namespace: namespace.into(),
-        containers: vec![ContainerResources {
-            name: container.into(),
-            devices: vec![ContainerDevices {
-                resource_name: resource.into(),
-                device_ids: ids.to_vec(),
-                topology: None,
-            }],
-            ..Default::default()
-        }],
-        ..Default::default()
-    }
-}
-
 #[tokio::test]
 async fn counters_carry_the_pod_that_holds_the_device() {
     let mut h = Harness::new(Shape::P4d);
     let efas: Vec<FakeDevice> = h.efas().into_iter().cloned().collect();
     let socket: PathBuf = h.root.path().join("pod-resources/kubelet.sock");
-    let (stall, _stop) = serve_pod_resources(
+    let kubelet = PodResourcesStub::start(
         &socket,
         vec![
             pod(
@@ -269,17 +168,12 @@ async fn counters_carry_the_pod_that_holds_the_device() {
                 "trainer-0",
                 "main",
                 "vpc.amazonaws.com/efa",
-                &[efas[0].bdf.clone()],
+                &[&efas[0].bdf],
             ),
-            pod(
-                "ml",
-                "gpu-only",
-                "main",
-                "nvidia.com/gpu",
-                &[efas[1].bdf.clone()],
-            ),
+            pod("ml", "gpu-only", "main", "nvidia.com/gpu", &[&efas[1].bdf]),
         ],
-    );
+    )
+    .unwrap();
     h.spawn_plugin(&["--pod-resources-socket", &socket.display().to_string()]);
     h.registered().await;
     h.node.set_port_counter(&efas[0], "rx_bytes", 4096).unwrap();
@@ -299,7 +193,7 @@ async fn counters_carry_the_pod_that_holds_the_device() {
     );
 
     // A kubelet that does not answer costs the labels, not the scrape.
-    stall.store(true, Ordering::SeqCst);
+    kubelet.stall();
     let started = Instant::now();
     let (status, text) = h.get("/metrics").await;
     assert_eq!(status, 200);

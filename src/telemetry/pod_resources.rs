@@ -122,63 +122,28 @@ pub fn holders_of(response: &ListPodResourcesResponse, resource_name: &str) -> H
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
+    use crate::pod_resources_stub::pod;
 
-    fn pod(
-        namespace: &str,
-        name: &str,
-        container: &str,
-        devices: Vec<ContainerDevices>,
-    ) -> PodResources {
-        PodResources {
-            name: name.into(),
-            namespace: namespace.into(),
-            containers: vec![ContainerResources {
-                name: container.into(),
-                devices,
-                ..Default::default()
-            }],
-            ..Default::default()
-        }
-    }
-
-    fn devices(resource: &str, ids: &[&str]) -> ContainerDevices {
-        ContainerDevices {
-            resource_name: resource.into(),
-            device_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
-            topology: None,
-        }
-    }
+    const EFA: &str = "vpc.amazonaws.com/efa";
 
     #[test]
     fn maps_our_devices_and_shared_ids_to_their_holders() {
         let response = ListPodResourcesResponse {
             pod_resources: vec![
+                pod("ml", "trainer-0", "main", EFA, &["0000:10:1b.0"]),
                 pod(
                     "ml",
-                    "trainer-0",
+                    "gpu-only",
                     "main",
-                    vec![
-                        devices("vpc.amazonaws.com/efa", &["0000:10:1b.0"]),
-                        devices("nvidia.com/gpu", &["GPU-1"]),
-                    ],
+                    "nvidia.com/gpu",
+                    &["0000:90:1b.0"],
                 ),
-                pod(
-                    "ml",
-                    "sidecar",
-                    "probe",
-                    vec![devices("vpc.amazonaws.com/efa", &["0000:20:1b.0::1"])],
-                ),
-                pod(
-                    "ml",
-                    "other",
-                    "probe",
-                    vec![devices("vpc.amazonaws.com/efa", &["0000:20:1b.0::0"])],
-                ),
+                pod("ml", "sidecar", "probe", EFA, &["0000:20:1b.0::1"]),
+                pod("ml", "other", "probe", EFA, &["0000:20:1b.0::0"]),
             ],
         };
-        let holders = holders_of(&response, "vpc.amazonaws.com/efa");
-        assert_eq!(holders.len(), 2);
+        let holders = holders_of(&response, EFA);
+        assert_eq!(holders.len(), 2, "{holders:?}");
         assert_eq!(
             holders["0000:10:1b.0"],
             [Holder {
