@@ -97,7 +97,12 @@ impl Guard {
         let mut ticker = tokio::time::interval_at(Instant::now() + self.interval, self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if watch.as_ref().is_none_or(DirWatch::is_dead) {
+            if watch.as_ref().is_some_and(DirWatch::is_dead) {
+                watch = None;
+            }
+            // Only a dir that exists can be watched; trying anyway would open and close an
+            // inotify descriptor on every pass.
+            if watch.is_none() && self.dir.is_dir() {
                 watch = DirWatch::new(&self.dir).ok();
             }
             tokio::select! {

@@ -119,3 +119,71 @@ async fn coexistence_can_be_allowed_and_the_driver_list_configured() {
     })
     .await;
 }
+
+#[test]
+fn the_driver_list_and_the_override_come_from_flags_env_or_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "dra-drivers: [dra.net, efa.example.com]\nallow-dra-coexistence: true\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let effective = |args: &[&str], env: &[(&str, &str)]| {
+        let mut all = vec!["--config", &config];
+        all.extend(args);
+        all.push("config");
+        let (code, stdout, stderr) = support::run_binary(&all, env);
+        assert_eq!(code, 0, "{stderr}");
+        serde_yaml::from_str::<serde_yaml::Value>(&stdout).unwrap()
+    };
+    let from_file = effective(&[], &[]);
+    assert_eq!(from_file["dra-drivers"][1], "efa.example.com");
+    assert_eq!(from_file["allow-dra-coexistence"], true);
+    let from_env = effective(
+        &[],
+        &[
+            ("EFA_DP_DRA_DRIVERS", "a.example, b.example"),
+            ("EFA_DP_ALLOW_DRA_COEXISTENCE", "false"),
+        ],
+    );
+    assert_eq!(from_env["dra-drivers"][0], "a.example");
+    assert_eq!(from_env["dra-drivers"][1], "b.example");
+    assert_eq!(from_env["allow-dra-coexistence"], false);
+
+    let (code, _, stderr) = support::run_binary(&["--dra-drivers", "dra.net/efa"], &[]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--dra-drivers"), "{stderr}");
+}
+
+/// CPU time (user + system, in clock ticks) the process has used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test]
+async fn the_registry_dir_may_come_and_go() {
+    let mut h = Harness::new(Shape::P4d);
+    let pid = h.spawn_plugin(&[]);
+    h.registered().await;
+    let (_dranet, _) = register_dranet(&h);
+    h.wait("the conflict in a late dir", |v| v.healthy() == 0)
+        .await;
+    std::fs::remove_dir_all(registry(&h)).unwrap();
+    h.wait("the conflict's end with its dir", |v| v.healthy() == 4)
+        .await;
+
+    // With the dir gone the guard falls back to its periodic look, and idles.
+    let before = cpu_ticks(pid);
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let used = cpu_ticks(pid) - before;
+    assert!(used < 20, "{used} ticks in one idle second");
+    let (_again, _) = register_dranet(&h);
+    h.wait("the conflict in the recreated dir", |v| v.healthy() == 0)
+        .await;
+}

@@ -209,3 +209,95 @@ async fn counters_carry_the_pod_that_holds_the_device() {
     );
     assert!(!text.contains("pod=\""));
 }
+
+/// The JSON log lines whose message is `message`.
+fn logged(h: &Harness, message: &str) -> Vec<serde_json::Value> {
+    h.plugin_log()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .filter(|line: &serde_json::Value| line["message"] == message)
+        .collect()
+}
+
+#[tokio::test]
+async fn logs_each_change_once_and_nothing_while_idle() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&["--log-format", "json"]);
+    h.registered().await;
+    let efa = h.efas()[1].clone();
+
+    // Scrapes, probes and several rescans and guard checks: none of it is news.
+    let before = h.plugin_log().lines().count();
+    for path in ["/metrics", "/healthz", "/readyz", "/metrics"] {
+        assert_eq!(h.get(path).await.0, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(h.plugin_log().lines().count(), before, "{}", h.plugin_log());
+
+    h.node.remove_node(&efa).unwrap();
+    h.wait("the failure", |v| v.healthy() == 3).await;
+    h.node.create_node(&efa).unwrap();
+    h.wait("the recovery", |v| v.healthy() == 4).await;
+    h.kubelet.restart().await.unwrap();
+    h.registered().await;
+    // Let further rescans pass: a change stays logged once.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    for message in ["device unhealthy", "device healthy again"] {
+        let lines = logged(&h, message);
+        assert_eq!(lines.len(), 1, "{message}\n{}", h.plugin_log());
+        assert_eq!(lines[0]["device"], efa.bdf.as_str());
+        assert_eq!(lines[0]["ibdev"], efa.ibdev.as_str());
+    }
+    let registrations = logged(&h, "registered with the kubelet");
+    assert_eq!(registrations.len(), 2, "{}", h.plugin_log());
+    assert_eq!(registrations[1]["kubelet_restarted"], true);
+}
+
+#[test]
+fn the_metrics_address_is_checked_configurable_and_can_be_off() {
+    let (code, _, stderr) = support::run_binary(&["--metrics-address", "localhost:9465"], &[]);
+    assert_ne!(code, 0);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--metrics-address"), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "metrics-address: 127.0.0.1:19465\n").unwrap();
+    let config = config.display().to_string();
+    let effective = |env: &[(&str, &str)]| {
+        let (code, stdout, stderr) = support::run_binary(&["--config", &config, "config"], env);
+        assert_eq!(code, 0, "{stderr}");
+        let yaml: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+        yaml["metrics-address"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(effective(&[]), "127.0.0.1:19465");
+    assert_eq!(
+        effective(&[("EFA_DP_METRICS_ADDRESS", "")]),
+        "",
+        "empty disables"
+    );
+}
+
+#[test]
+fn a_taken_metrics_port_stops_the_start_and_names_the_flag() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().display().to_string();
+    let (code, _, stderr) = support::run_binary(
+        &[
+            "--device-plugin-dir",
+            &plugins,
+            "--metrics-address",
+            &address,
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    let last = stderr.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.contains(&format!("--metrics-address {address}")),
+        "{stderr}"
+    );
+}
