@@ -11,9 +11,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use efa_device_plugin::health;
 use efa_device_plugin::kubelet_stub::KubeletStub;
+use efa_device_plugin::lifecycle::PluginStatus;
 use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
 use efa_device_plugin::simulate::Shape;
+use efa_device_plugin::state::DeviceState;
+use efa_device_plugin::telemetry::counters::CounterFiles;
+use efa_device_plugin::telemetry::metrics::{AllocationMetrics, Metrics};
+use efa_device_plugin::telemetry::pod_resources::PodResources;
 use support::{Harness, http_get};
 
 const SCRAPES: usize = 300;
@@ -68,6 +74,37 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         })
         .await,
     );
+    // The same work in this process, to tell sysfs reads from encoding and HTTP.
+    let pairs: Vec<(String, String)> = h
+        .efas()
+        .iter()
+        .map(|d| (d.bdf.clone(), d.ibdev.clone()))
+        .collect();
+    let files = CounterFiles::new(&h.node.sysfs);
+    let read = summary(
+        &timed(SCRAPES, || async {
+            files.read(&pairs);
+        })
+        .await,
+    );
+    let state = DeviceState::default();
+    state.apply(health::observe(&h.node.sysfs, &h.node.dev).0);
+    let metrics = Metrics::new(
+        state,
+        tokio::sync::watch::channel(PluginStatus::default()).1,
+        &AllocationMetrics::default(),
+        &h.node.sysfs,
+        PodResources::new(
+            h.root.path().join("absent.sock"),
+            "vpc.amazonaws.com/efa".into(),
+        ),
+    );
+    let render = summary(
+        &timed(SCRAPES, || async {
+            metrics.render().await;
+        })
+        .await,
+    );
     let quiet = summary(&allocations(&h.kubelet, &id).await);
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -103,6 +140,8 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     h.terminate_plugin();
     vec![
         ("GET /metrics (32 EFAs)", scrape),
+        ("  of which sysfs reads", read),
+        ("  render incl. reads", render),
         ("Allocate, no scrapes", quiet),
         ("Allocate, scraped non-stop", busy),
     ]

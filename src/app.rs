@@ -104,7 +104,7 @@ impl Plugin {
                 self.state.clone(),
                 self.status.subscribe(),
                 allocations,
-                settings.sysfs_root.clone(),
+                &settings.sysfs_root,
                 PodResources::new(
                     settings.pod_resources_socket.clone(),
                     settings.resource_name.clone(),

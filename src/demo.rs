@@ -46,6 +46,10 @@ async fn story(root: &std::path::Path) -> anyhow::Result<()> {
         dev_root: node.dev.clone(),
         device_plugin_dir: plugin_dir,
         rescan_interval: Duration::from_secs(1),
+        // The demo is self-contained: no port, and none of the host's kubelet dirs.
+        metrics_address: None,
+        pod_resources_socket: root.join("pod-resources/kubelet.sock"),
+        plugins_registry_dir: root.join("plugins_registry"),
         ..Settings::default()
     };
     let shutdown = CancellationToken::new();

@@ -301,3 +301,27 @@ fn a_taken_metrics_port_stops_the_start_and_names_the_flag() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn the_nfd_feature_file_follows_the_devices_and_goes_with_the_plugin() {
+    let mut h = Harness::new(Shape::P5);
+    let file = h.root.path().join("features.d/efa");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    h.spawn_plugin(&["--nfd-features-file", &file.display().to_string()]);
+    h.registered().await;
+    let text = std::fs::read_to_string(&file).unwrap();
+    for line in [
+        "efa.count=32",
+        "efa.numa-nodes=0_1",
+        "efa.device-model=efa2",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "{line} missing from\n{text}"
+        );
+    }
+    let (status, took) = h.terminate_plugin();
+    assert!(status.success(), "{}", h.plugin_log());
+    assert!(took < Duration::from_secs(2));
+    assert!(!file.exists(), "the labels must go with the plugin");
+}

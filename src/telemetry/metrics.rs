@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::collector::Collector;
@@ -19,7 +20,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use super::counters::{self, DeviceCounters};
+use super::counters::{CounterFiles, DeviceCounters};
 use super::pod_resources::{Holders, PodResources};
 use crate::lifecycle::PluginStatus;
 use crate::state::DeviceState;
@@ -64,7 +65,7 @@ impl AllocationMetrics {
 pub struct Metrics {
     registry: Registry,
     state: DeviceState,
-    sysfs_root: PathBuf,
+    counters: Arc<CounterFiles>,
     pods: PodResources,
 }
 
@@ -73,7 +74,7 @@ impl Metrics {
         state: DeviceState,
         status: watch::Receiver<PluginStatus>,
         allocations: &AllocationMetrics,
-        sysfs_root: PathBuf,
+        sysfs_root: &Path,
         pods: PodResources,
     ) -> Self {
         let mut registry = Registry::default();
@@ -94,7 +95,7 @@ impl Metrics {
         Metrics {
             registry,
             state,
-            sysfs_root,
+            counters: Arc::new(CounterFiles::new(sysfs_root)),
             pods,
         }
     }
@@ -108,8 +109,8 @@ impl Metrics {
             .devices()
             .map(|d| (d.efa.id.clone(), d.efa.ibdev.clone()))
             .collect();
-        let sysfs_root = self.sysfs_root.clone();
-        let read = tokio::task::spawn_blocking(move || counters::read(&sysfs_root, &devices));
+        let counters = self.counters.clone();
+        let read = tokio::task::spawn_blocking(move || counters.read(&devices));
         let (holders, read) = tokio::join!(self.pods.holders(), read);
         let mut scrape = Registry::default();
         scrape.register_collector(Box::new(HwCounters::new(
