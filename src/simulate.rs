@@ -11,6 +11,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use crate::discovery::{DevNum, Efa};
+use crate::state::{DeviceRecord, Inventory, Verdict};
 
 /// The kernel's static uverbs major; the first 32 nodes use minors from 192.
 const UVERBS_MAJOR: u32 = 231;
@@ -246,6 +247,20 @@ pub fn devices(shape: Shape) -> Vec<FakeDevice> {
             .flat_map(|r| switched_root(r, 0x10, 16, (r / 8) as i32, r * 16))
             .collect(),
     }
+}
+
+/// The snapshot the health monitor would publish for `shape` with every EFA healthy, for tests
+/// and benchmarks of the allocation policy that need no files.
+pub fn inventory(shape: Shape) -> Inventory {
+    let records = devices(shape)
+        .iter()
+        .filter(|d| d.is_efa())
+        .map(|d| DeviceRecord {
+            efa: d.efa(),
+            verdict: Verdict::healthy(),
+        })
+        .collect();
+    Inventory::default().observe(records).0
 }
 
 /// An mlx5 RDMA device as p6-b200 shows it: in `/sys/class/infiniband`, but no EFA.

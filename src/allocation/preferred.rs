@@ -335,20 +335,8 @@ mod tests {
 
     use super::*;
     use crate::discovery::Efa;
-    use crate::simulate::{self, Shape};
+    use crate::simulate::{Shape, inventory};
     use crate::state::{DeviceRecord, Verdict};
-
-    fn inventory(shape: Shape) -> Inventory {
-        let records = simulate::devices(shape)
-            .iter()
-            .filter(|d| d.is_efa())
-            .map(|d| DeviceRecord {
-                efa: d.efa(),
-                verdict: Verdict::healthy(),
-            })
-            .collect();
-        Inventory::default().observe(records).0
-    }
 
     fn shared(replicas: u32) -> Sharing {
         Sharing::replicas(NonZeroU32::new(replicas).unwrap())
