@@ -101,6 +101,7 @@ pub fn scan(sysfs_root: &Path) -> Scan {
             return result;
         }
     };
+    let devices_dir = sysfs_root.join("devices");
     for entry in entries.flatten() {
         let ibdev = entry.file_name().to_string_lossy().into_owned();
         let dir = entry.path();
@@ -108,7 +109,7 @@ pub fn scan(sysfs_root: &Path) -> Scan {
             Some(driver) if driver == EFA_DRIVER => {}
             _ => continue,
         }
-        match read_efa(sysfs_root, &dir, &ibdev) {
+        match read_efa(&devices_dir, &dir, &ibdev) {
             Ok(efa) => result.devices.push(efa),
             Err(reason) => result.problems.push(Problem {
                 entry: ibdev,
@@ -127,10 +128,10 @@ fn driver_of(ibdev_dir: &Path) -> Option<String> {
     Some(target.file_name()?.to_string_lossy().into_owned())
 }
 
-fn read_efa(sysfs_root: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Efa, String> {
+fn read_efa(devices_dir: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Efa, String> {
     let function = ibdev_dir.join("device");
-    let id = fs::read_link(&function)
-        .map_err(|err| format!("device link: {err}"))?
+    let function_link = fs::read_link(&function).map_err(|err| format!("device link: {err}"))?;
+    let id = function_link
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .ok_or("device link has no file name")?;
@@ -143,7 +144,7 @@ fn read_efa(sysfs_root: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Efa, Str
         Err(_) => None,
     };
     Ok(Efa {
-        pci_path: pci_path(sysfs_root, &function)?,
+        pci_path: pci_path(devices_dir, ibdev_dir, &function_link),
         id,
         ibdev: ibdev.to_owned(),
         uverbs,
@@ -181,11 +182,35 @@ fn parse_numa(text: &str) -> Result<Option<u32>, String> {
     Ok(u32::try_from(node).ok())
 }
 
-fn pci_path(sysfs_root: &Path, function: &Path) -> Result<String, String> {
-    let real = fs::canonicalize(function).map_err(|err| format!("device link: {err}"))?;
-    let devices = fs::canonicalize(sysfs_root.join("devices")).unwrap_or_else(|_| PathBuf::new());
-    let below = real.strip_prefix(&devices).unwrap_or(&real);
-    Ok(below.to_string_lossy().trim_start_matches('/').to_owned())
+/// The PCI function's path below `<sysfs>/devices`, resolved from the two links the kernel made
+/// (`class/infiniband/<ibdev>` and its `device`) without touching the disk again: sysfs links
+/// are relative and stay inside sysfs, so `..` can be folded lexically. Scans run often, and a
+/// full `canonicalize` costs a syscall per path component.
+fn pci_path(devices_dir: &Path, class_entry: &Path, function_link: &Path) -> String {
+    let ibdev_real = match fs::read_link(class_entry) {
+        Ok(target) => fold(&class_entry.parent().unwrap_or(Path::new("/")).join(target)),
+        Err(_) => fold(class_entry),
+    };
+    let function = fold(&ibdev_real.join(function_link));
+    let devices = fold(devices_dir);
+    let below = function.strip_prefix(&devices).unwrap_or(&function);
+    below.to_string_lossy().trim_start_matches('/').to_owned()
+}
+
+/// Removes `.` and folds `..` components without following links.
+fn fold(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 fn read_trimmed(path: &Path) -> Result<String, String> {
