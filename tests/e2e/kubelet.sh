@@ -152,7 +152,7 @@ start_containerd() {
 		    bin_dir = "$T/cni/bin"
 		    conf_dir = "$T/cni/net.d"
 	EOF
-	containerd --config "$c/config.toml" >"$T/logs/containerd.log" 2>&1 &
+	containerd --config "$c/config.toml" >"$T/logs/containerd.log" 2>&1 9>&- &
 	CONTAINERD_PID=$!
 	wait_until 30 ctr_k8s version >/dev/null 2>&1 || return 1
 
@@ -199,7 +199,7 @@ start_kubelet() {
 	KUBELET_STARTS=$((KUBELET_STARTS + 1))
 	"$KUBELET" --config="$T/kubelet/config.yaml" --root-dir="$T/kubelet/root" \
 		--cert-dir="$T/kubelet/pki" --hostname-override="$NODE" --v=2 \
-		>"$(kubelet_log)" 2>&1 &
+		>"$(kubelet_log)" 2>&1 9>&- &
 	KUBELET_PID=$!
 	wait_until 60 curl -sf "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz" -o /dev/null
 }
@@ -209,7 +209,7 @@ kubelet_log() { echo "$T/logs/kubelet.$KUBELET_STARTS.log"; }
 start_plugin() {
 	PLUGIN_STARTS=$((PLUGIN_STARTS + 1))
 	"$PLUGIN" --sysfs-root "$T/sys" --dev-root "$T/dev" --device-plugin-dir "$DP_DIR" \
-		--rescan-interval 500ms >"$(plugin_log)" 2>&1 &
+		--rescan-interval 500ms >"$(plugin_log)" 2>&1 9>&- &
 	PLUGIN_PID=$!
 }
 
@@ -219,6 +219,7 @@ setup() {
 	[[ $EUID -eq 0 ]] || fail_setup "must run as root"
 	mkdir -p "$CACHE"
 	# Two runs would fight over the kubelet's fixed device-plugin dir and ports.
+	# fd 9 stays closed in the daemons so a straggler cannot hold the lock.
 	exec 9>"$CACHE/run.lock"
 	flock -n 9 || fail_setup "another e2e run holds $CACHE/run.lock"
 	T=$(mktemp -d /tmp/efa-dp-e2e.XXXXXX)
@@ -233,6 +234,10 @@ setup() {
 	PLUGIN=${CARGO_TARGET_DIR:-$REPO/target}/release/efa-device-plugin
 	[[ -x $PLUGIN ]] || fail_setup "$PLUGIN not built"
 
+	local port
+	for port in "$KUBELET_PORT" "$KUBELET_RO_PORT" "$KUBELET_HEALTHZ_PORT"; do
+		[[ -z $(ss -Hltn "sport = :$port") ]] || fail_setup "port $port is in use; is another kubelet running?"
+	done
 	make_fake_efa_host "$T/sys" "$T/dev" || fail_setup "cannot build the fake EFA host"
 	note "starting containerd"
 	start_containerd || fail_setup "containerd did not start or import images (see $(tail -3 "$T/logs/containerd.log"))"
