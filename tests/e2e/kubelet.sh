@@ -80,12 +80,13 @@ dead() { ! alive "$1"; }
 # exit status when PID is a child of this shell.
 stop_pid() {
 	local pid=$1 grace=$2
-	alive "$pid" || return 0
-	kill -TERM "$pid" 2>/dev/null
-	if ! wait_until "$grace" dead "$pid"; then
-		note "pid $pid ignored SIGTERM for ${grace}s; killing it"
-		kill -KILL "$pid" 2>/dev/null
-		wait_until 10 dead "$pid"
+	if alive "$pid"; then
+		kill -TERM "$pid" 2>/dev/null
+		if ! wait_until "$grace" dead "$pid"; then
+			note "pid $pid ignored SIGTERM for ${grace}s; killing it"
+			kill -KILL "$pid" 2>/dev/null
+			wait_until 10 dead "$pid"
+		fi
 	fi
 	wait "$pid" 2>/dev/null
 }
@@ -401,7 +402,7 @@ case_d() {
 	# The restarted kubelet deleted the plugin's socket; the plugin has to
 	# notice the new kubelet.sock and register again.
 	if ! wait_until 60 registered_since 0 "$(all_ids)"; then
-		REASON="plugin did not register with the restarted kubelet within 60s (registrations: $(registrations), checkpoint: [$(registered_ids)], dir: $(find "$DP_DIR" -mindepth 1 -printf '%f '); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
+		REASON="plugin did not register with the restarted kubelet within 60s (registrations: $(registrations), checkpoint: [$(registered_ids)], dir: [$(find "$DP_DIR" -mindepth 1 -printf '%f ')]); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
 		return 1
 	fi
 	write_pod d 2
@@ -415,6 +416,11 @@ case_e() {
 	ids_before=$(registered_ids)
 	read -ra b_devices <<<"$(allocated_ids "$(pod_status b | cut -f3)")"
 	b_ids=$(expected_entries "${b_devices[@]}")
+	if ! alive "$PLUGIN_PID"; then
+		stop_pid "$PLUGIN_PID" 0
+		REASON="plugin had already exited with status $?: $(tail -3 "$(plugin_log)" | paste -sd'|')"
+		return 1
+	fi
 	stop_pid "$PLUGIN_PID" 10
 	status=$?
 	if ((status != 0)); then

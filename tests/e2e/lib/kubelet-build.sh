@@ -21,7 +21,9 @@ kubelet_binary() {
 	# The module cache and build cache live beside the binary so a rebuild
 	# (e.g. of another version) reuses downloaded modules and compiled packages.
 	export GOPATH=$cache/gopath GOMODCACHE=$cache/gopath/pkg/mod GOCACHE=$cache/gocache
-	export GOTOOLCHAIN=local GOFLAGS=-mod=mod CGO_ENABLED=0
+	# cgo off: the kubelet needs none of it here and the build then needs no
+	# C toolchain. -modcacherw keeps the cache removable with a plain rm -rf.
+	export GOTOOLCHAIN=local GOFLAGS="-mod=mod -modcacherw" CGO_ENABLED=0
 	local work
 	work=$(mktemp -d "$cache/kubelet-build.XXXXXX")
 
