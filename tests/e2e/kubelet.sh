@@ -31,6 +31,10 @@ KUBELET_PORT=10250
 KUBELET_RO_PORT=10255
 KUBELET_HEALTHZ_PORT=10248
 BUSYBOX=/bin/busybox
+# Host-wide, whatever the cache dir: two runs would fight over the kubelet's
+# fixed device-plugin dir and ports.
+LOCK=/run/lock/efa-device-plugin-e2e.lock
+LOCK_HELD=
 # Host paths the kubelet or containerd create outside our temp dir whatever
 # they are configured with; cleanup removes what was not there before.
 HOST_PATHS=(/var/lib/kubelet /var/log/containers /run/containerd /run/netns /var/lib/cni /opt/containerd)
@@ -76,8 +80,8 @@ alive() {
 
 dead() { ! alive "$1"; }
 
-# stop_pid PID GRACE: SIGTERM, then SIGKILL after GRACE seconds. Prints the
-# exit status when PID is a child of this shell.
+# stop_pid PID GRACE: SIGTERM, then SIGKILL after GRACE seconds. Returns the
+# exit status of PID, a child of this shell.
 stop_pid() {
 	local pid=$1 grace=$2
 	if alive "$pid"; then
@@ -218,11 +222,11 @@ plugin_log() { echo "$T/logs/plugin.$PLUGIN_STARTS.log"; }
 
 setup() {
 	[[ $EUID -eq 0 ]] || fail_setup "must run as root"
-	mkdir -p "$CACHE"
-	# Two runs would fight over the kubelet's fixed device-plugin dir and ports.
 	# fd 9 stays closed in the daemons so a straggler cannot hold the lock.
-	exec 9>"$CACHE/run.lock"
-	flock -n 9 || fail_setup "another e2e run holds $CACHE/run.lock"
+	exec 9>>"$LOCK"
+	flock -n 9 || fail_setup "another e2e run holds $LOCK"
+	LOCK_HELD=1
+	mkdir -p "$CACHE"
 	T=$(mktemp -d /tmp/efa-dp-e2e.XXXXXX)
 	mkdir -p "$T/host" "$T/logs"
 	remember_host_state
@@ -585,6 +589,7 @@ finish() {
 		rm -rf "$T"
 		note "logs: $CACHE/logs"
 	fi
+	[[ -n $LOCK_HELD ]] && rm -f "$LOCK"
 	if ((rc != 0 && FAILED == 0)); then
 		echo "FAIL (aborted) exit status $rc"
 		FAILED=1

@@ -2,9 +2,10 @@
 # Builds the upstream kubelet from the Go module proxy and caches the binary
 # outside the clone, so only the first run on a machine pays for the build.
 
-# v1.30 is the newest minor whose kubelet still supports cgroup v1 without
-# extra flags and whose CRI expectations match containerd 1.6 (upstream's
-# support table ends containerd 1.6 pairing around 1.30/1.31).
+# v1.30 (1.30.14 is its last patch release) still treats cgroup v1 as fully
+# supported (1.31 put it in maintenance mode, 1.35 refuses it by default) and
+# is the newest minor still close to the containerd 1.6 line Debian 12 ships;
+# it runs against containerd 1.6.20 here without workarounds.
 KUBE_VERSION=${EFA_DP_E2E_KUBE_VERSION:-v1.30.14}
 
 # Prints the path of a cached kubelet binary for $KUBE_VERSION, building it
