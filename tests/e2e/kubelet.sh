@@ -234,8 +234,8 @@ setup() {
 	install_packages || fail_setup "apt-get install failed"
 	note "kubelet $KUBE_VERSION (cached in $CACHE)"
 	KUBELET=$(kubelet_binary "$CACHE") || fail_setup "kubelet $KUBE_VERSION build failed"
-	note "cargo build --release"
-	(cd "$REPO" && cargo build --release >&2) || fail_setup "cargo build --release failed"
+	note "cargo build --release --locked"
+	(cd "$REPO" && cargo build --release --locked >&2) || fail_setup "cargo build --release --locked failed"
 	PLUGIN=${CARGO_TARGET_DIR:-$REPO/target}/release/efa-device-plugin
 	[[ -x $PLUGIN ]] || fail_setup "$PLUGIN not built"
 
