@@ -227,10 +227,6 @@ setup() {
 	flock -n 9 || fail_setup "another e2e run holds $LOCK"
 	LOCK_HELD=1
 	mkdir -p "$CACHE"
-	T=$(mktemp -d /tmp/efa-dp-e2e.XXXXXX)
-	mkdir -p "$T/host" "$T/logs"
-	remember_host_state
-
 	install_packages || fail_setup "apt-get install failed"
 	note "kubelet $KUBE_VERSION (cached in $CACHE)"
 	KUBELET=$(kubelet_binary "$CACHE") || fail_setup "kubelet $KUBE_VERSION build failed"
@@ -238,6 +234,10 @@ setup() {
 	(cd "$REPO" && cargo build --release --locked >&2) || fail_setup "cargo build --release --locked failed"
 	PLUGIN=${CARGO_TARGET_DIR:-$REPO/target}/release/efa-device-plugin
 	[[ -x $PLUGIN ]] || fail_setup "$PLUGIN not built"
+
+	T=$(mktemp -d /tmp/efa-dp-e2e.XXXXXX)
+	mkdir -p "$T/host" "$T/logs"
+	remember_host_state
 
 	local port
 	for port in "$KUBELET_PORT" "$KUBELET_RO_PORT" "$KUBELET_HEALTHZ_PORT"; do

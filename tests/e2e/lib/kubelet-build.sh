@@ -25,6 +25,8 @@ kubelet_binary() {
 	# cgo off: the kubelet needs none of it here and the build then needs no
 	# C toolchain. -modcacherw keeps the cache removable with a plain rm -rf.
 	export GOTOOLCHAIN=local GOFLAGS="-mod=mod -modcacherw" CGO_ENABLED=0
+	# Runs hold a host-wide lock, so a build dir left here is an interrupted one.
+	rm -rf "$cache"/kubelet-build.*
 	local work
 	work=$(mktemp -d "$cache/kubelet-build.XXXXXX")
 
