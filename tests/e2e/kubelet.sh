@@ -137,8 +137,9 @@ remember_host_state() {
 start_containerd() {
 	local c=$T/containerd
 	mkdir -p "$c/root" "$c/state" "$c/opt" "$T/cni/bin" "$T/cni/net.d"
-	# restrict_oom_score_adj: this host denies lowering oom_score_adj (no
-	# CAP_SYS_RESOURCE), which CRI does for every sandbox unless restricted.
+	# restrict_oom_score_adj: without CAP_SYS_RESOURCE (as in some VMs and
+	# containers) nothing may lower oom_score_adj, which CRI otherwise does
+	# for every sandbox, failing them all.
 	# The CNI dirs stay empty: all test pods use the host network.
 	cat >"$c/config.toml" <<-EOF
 		version = 2
@@ -369,7 +370,7 @@ registrations() {
 # registrations and its checkpoint lists IDS.
 registered_since() { (($(registrations) > $1)) && registered_is "$2"; }
 
-# modified_since FILE EPOCH
+# modified_since FILE EPOCH: FILE was written in a later second than EPOCH.
 modified_since() { [[ -e $1 ]] && (($(stat -c %Y "$1") > $2)); }
 
 # ---------------------------------------------------------------- cases
