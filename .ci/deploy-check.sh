@@ -61,7 +61,7 @@ install_python_tools() {
   fi
   rm -rf "$venv"
   python3 -m venv "$venv" &&
-    PIP_CACHE_DIR="$cache/pip" "$venv/bin/pip" install --quiet --disable-pip-version-check "${python_tools[@]}" &&
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir "${python_tools[@]}" &&
     echo "${python_tools[*]}" >"$venv/.pins"
 }
 
@@ -126,7 +126,7 @@ main() {
   mkdir -p "$cache"
 
   step "install python tools (${python_tools[*]})" install_python_tools
-  step "install go tools (${helm_module##*/}, ${kustomize_module##*/})" install_go_tools
+  step "install go tools (helm ${helm_module##*@}, kustomize ${kustomize_module##*@})" install_go_tools
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
   step "shellcheck .ci" "$venv/bin/shellcheck" .ci/*.sh
