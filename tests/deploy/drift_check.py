@@ -25,15 +25,19 @@ import yaml
 
 import rendered
 
-# Where the kubelet and the kernel put what the plugin uses, on the host.
-# Each maps the plugin option to (host path, whether the plugin writes there).
+# What the plugin uses under each path option, and where the kubelet or the
+# kernel puts that on the host: (part under the option, host path, whether the
+# plugin writes there).
 HOST_LOCATIONS = {
-    "device-plugin-dir": ("/var/lib/kubelet/device-plugins", True),
-    "pod-resources-socket": ("/var/lib/kubelet/pod-resources/kubelet.sock", False),
-    "plugins-registry-dir": ("/var/lib/kubelet/plugins_registry", False),
-    "dev-root": ("/dev", False),
-    "sysfs-root": ("/sys", False),
+    "device-plugin-dir": ("", "/var/lib/kubelet/device-plugins", True),
+    "pod-resources-socket": ("", "/var/lib/kubelet/pod-resources/kubelet.sock", False),
+    "plugins-registry-dir": ("", "/var/lib/kubelet/plugins_registry", False),
+    "dev-root": ("infiniband", "/dev/infiniband", False),
+    "sysfs-root": ("", "/sys", False),
 }
+# The plugin hands {dev-root}/infiniband/uverbsN to the kubelet as the host
+# path of an allocated device, so the container must see it at the host's path.
+SAME_PATH_AS_HOST = {"dev-root"}
 # A container sees the host's sysfs, read-only, without any mount.
 CONTAINER_OWN = {"/sys"}
 
@@ -135,21 +139,24 @@ def check_rendering(checks, binary, flags, commands, path):
         )
 
     used_volumes = {mount["name"]} if mount else set()
-    for option, (host, writes) in HOST_LOCATIONS.items():
-        where = effective.get(option)
-        checks.expect(where is not None, f"{name}: the binary reports {option}")
-        if where is None:
+    for option, (part, host, writes) in HOST_LOCATIONS.items():
+        value = effective.get(option)
+        checks.expect(value is not None, f"{name}: the binary reports {option}")
+        if value is None:
             continue
-        mount, volume = mount_for(container, volumes, where)
+        used = str(PurePosixPath(value) / part)
+        if option in SAME_PATH_AS_HOST:
+            checks.expect(used == host, f"{name}: {option} puts {used} at the host's path {host}")
+        mount, volume = mount_for(container, volumes, used)
         if mount is None:
-            checks.expect(where == host and host in CONTAINER_OWN, f"{name}: {option}={where} is the host's {host}")
+            checks.expect(used == host and host in CONTAINER_OWN, f"{name}: {option} reads {used}, the host's {host}")
             continue
         used_volumes.add(mount["name"])
-        seen = host_path_of(mount, volume, where) if "hostPath" in volume else None
-        checks.expect(seen == host, f"{name}: {option}={where} is the host's {host} (mounted from {seen})")
+        seen = host_path_of(mount, volume, used) if "hostPath" in volume else None
+        checks.expect(seen == host, f"{name}: {option} reads {used}, the host's {host} (mounted from {seen})")
         checks.expect(
             bool(mount.get("readOnly")) != writes,
-            f"{name}: {option} is mounted {'read-write' if writes else 'read-only'}",
+            f"{name}: {used} is mounted {'read-write' if writes else 'read-only'}",
         )
     for vname, v in volumes.items():
         checks.expect(vname in used_volumes, f"{name}: volume {vname} backs a path the plugin uses")
@@ -179,10 +186,14 @@ def check_versions(checks, repo, renderings):
     for path in renderings:
         ds = rendered.one(rendered.load(path), "DaemonSet")
         image = rendered.plugin_container(ds)["image"]
-        checks.expect(image.endswith(f":{version}"), f"{os.path.basename(path)}: image {image} is version {version}")
+        tag = image.partition("@")[0].rpartition(":")[2]
+        checks.expect(tag == version, f"{os.path.basename(path)}: image {image} is version {version}")
 
 
 def main(binary, repo, *renderings):
+    if not os.access(binary, os.X_OK):
+        print(f"no binary to check against at {binary}")
+        return 1
     checks = Checks()
     flags, commands = help_surface(binary)
     checks.expect("config" in commands, "the binary has the config subcommand")
