@@ -4,7 +4,7 @@
 # native speed on an amd64 builder instead of under QEMU emulation.
 ARG RUST_VERSION=1.95
 
-FROM --platform=$BUILDPLATFORM rust:${RUST_VERSION}-bookworm AS build
+FROM --platform=$BUILDPLATFORM rust:${RUST_VERSION}-trixie AS build
 ARG TARGETARCH
 ARG BUILDARCH
 # Debian's packages carry both triple-prefixed linkers; naming them for both
