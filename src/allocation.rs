@@ -1,0 +1,103 @@
+//! Turns allocated device IDs into what the container runtime needs.
+//!
+//! Answers come from the in-memory snapshot only: the kubelet waits on Allocate with no deadline,
+//! so this path does no sysfs I/O. Each part of the response comes from a [`Contributor`], so a
+//! new kind of injection (a CDI name, an environment variable) is one more contributor rather
+//! than an edit to the others.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use crate::discovery::Efa;
+use crate::health::node_path;
+use crate::proto::deviceplugin::{
+    AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
+};
+use crate::state::Inventory;
+
+/// Where the container finds a device node. It must equal the host's own path, because
+/// libibverbs pairs `/sys/class/infiniband_verbs/uverbsN` with `/dev/infiniband/uverbsN`.
+pub const CONTAINER_NODE_DIR: &str = "/dev/infiniband";
+
+/// Why an Allocate request cannot be served; the kubelet shows this text in the pod's events.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AllocateError {
+    #[error("unknown device ID {0:?}: not an EFA on this node")]
+    Unknown(String),
+    #[error("device {id:?} is unhealthy: {reason}")]
+    Unhealthy { id: String, reason: String },
+}
+
+/// Adds one aspect of the devices to a container's allocation.
+pub trait Contributor: Send + Sync {
+    fn contribute(&self, devices: &[&Efa], response: &mut ContainerAllocateResponse);
+}
+
+/// One `rw` DeviceSpec per allocated uverbs node, and nothing else of `/dev/infiniband`: exposing
+/// foreign RDMA nodes makes libfabric's EFA provider fail.
+pub struct DeviceNodes {
+    pub dev_root: PathBuf,
+}
+
+impl Contributor for DeviceNodes {
+    fn contribute(&self, devices: &[&Efa], response: &mut ContainerAllocateResponse) {
+        for efa in devices {
+            response.devices.push(DeviceSpec {
+                container_path: format!("{CONTAINER_NODE_DIR}/{}", efa.uverbs),
+                host_path: node_path(&self.dev_root, &efa.uverbs).display().to_string(),
+                permissions: "rw".into(),
+            });
+        }
+    }
+}
+
+/// Serves Allocate from the current snapshot.
+pub struct Allocator {
+    contributors: Vec<Box<dyn Contributor>>,
+}
+
+impl Allocator {
+    pub fn new(contributors: Vec<Box<dyn Contributor>>) -> Self {
+        Allocator { contributors }
+    }
+
+    pub fn allocate(
+        &self,
+        inventory: &Inventory,
+        request: &AllocateRequest,
+    ) -> Result<AllocateResponse, AllocateError> {
+        let mut container_responses = Vec::with_capacity(request.container_requests.len());
+        for container in &request.container_requests {
+            let devices = resolve(inventory, &container.devices_ids)?;
+            let mut response = ContainerAllocateResponse::default();
+            for contributor in &self.contributors {
+                contributor.contribute(&devices, &mut response);
+            }
+            container_responses.push(response);
+        }
+        Ok(AllocateResponse {
+            container_responses,
+        })
+    }
+}
+
+/// Maps requested IDs to healthy devices, each device once even if asked for twice.
+fn resolve<'a>(inventory: &'a Inventory, ids: &[String]) -> Result<Vec<&'a Efa>, AllocateError> {
+    let mut seen = BTreeSet::new();
+    let mut devices = Vec::with_capacity(ids.len());
+    for id in ids {
+        let record = inventory
+            .get(id)
+            .ok_or_else(|| AllocateError::Unknown(id.clone()))?;
+        if !record.is_healthy() {
+            return Err(AllocateError::Unhealthy {
+                id: id.clone(),
+                reason: record.verdict.reason.clone().unwrap_or_default(),
+            });
+        }
+        if seen.insert(record.efa.id.as_str()) {
+            devices.push(&record.efa);
+        }
+    }
+    Ok(devices)
+}

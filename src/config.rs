@@ -1,0 +1,385 @@
+//! Command line, environment and config file, merged into one validated [`Settings`].
+//!
+//! Precedence is flag, then `EFA_DP_<NAME>`, then the YAML file given by `--config`, then the
+//! default. Every problem is reported as one line that names the flag, variable or file.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use serde::{Deserialize, Serialize};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "efa-device-plugin",
+    version,
+    about = "Kubernetes device plugin for AWS Elastic Fabric Adapter (EFA)"
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub options: Options,
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Run the device plugin (the default).
+    Run,
+    /// Print the node's EFA devices as the plugin sees them.
+    List {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
+    /// Run the plugin against a simulated p5.48xlarge and an in-process kubelet stand-in.
+    Demo,
+    /// Print the effective configuration (flags, environment and file merged) as YAML.
+    Config,
+}
+
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputFormat {
+    Table,
+    Json,
+}
+
+#[derive(ValueEnum, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct Options {
+    /// Root of the sysfs tree to scan for EFA devices.
+    #[arg(
+        long,
+        env = "EFA_DP_SYSFS_ROOT",
+        default_value = "/sys",
+        value_name = "DIR",
+        global = true
+    )]
+    pub sysfs_root: PathBuf,
+    /// Root of the device tree holding infiniband/uverbsN.
+    #[arg(
+        long,
+        env = "EFA_DP_DEV_ROOT",
+        default_value = "/dev",
+        value_name = "DIR",
+        global = true
+    )]
+    pub dev_root: PathBuf,
+    /// Directory holding the kubelet's kubelet.sock; the plugin serves its socket there.
+    #[arg(
+        long,
+        env = "EFA_DP_DEVICE_PLUGIN_DIR",
+        default_value = "/var/lib/kubelet/device-plugins",
+        value_name = "DIR",
+        global = true
+    )]
+    pub device_plugin_dir: PathBuf,
+    /// Extended resource name to advertise.
+    #[arg(
+        long,
+        env = "EFA_DP_RESOURCE_NAME",
+        default_value = "vpc.amazonaws.com/efa",
+        value_name = "NAME",
+        global = true
+    )]
+    pub resource_name: String,
+    /// How often to rescan sysfs (e.g. 500ms, 2s, 1m).
+    #[arg(
+        long,
+        env = "EFA_DP_RESCAN_INTERVAL",
+        default_value = "5s",
+        value_name = "DURATION",
+        value_parser = parse_interval,
+        global = true
+    )]
+    pub rescan_interval: Duration,
+    /// YAML file with any of these options, keyed by their long names.
+    #[arg(long, env = "EFA_DP_CONFIG", value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
+    /// Log line format.
+    #[arg(
+        long,
+        env = "EFA_DP_LOG_FORMAT",
+        value_enum,
+        default_value = "text",
+        global = true
+    )]
+    pub log_format: LogFormat,
+    /// Log level or filter directives; RUST_LOG, when set, takes precedence.
+    #[arg(
+        long,
+        env = "EFA_DP_LOG_LEVEL",
+        default_value = "info",
+        value_name = "LEVEL",
+        global = true
+    )]
+    pub log_level: String,
+}
+
+/// The config file: the same options, keyed by their long names. Unknown keys are errors, so a
+/// typo cannot silently fall back to a default.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields, rename_all = "kebab-case")]
+struct FileConfig {
+    sysfs_root: Option<PathBuf>,
+    dev_root: Option<PathBuf>,
+    device_plugin_dir: Option<PathBuf>,
+    resource_name: Option<String>,
+    rescan_interval: Option<String>,
+    log_format: Option<String>,
+    log_level: Option<String>,
+}
+
+/// The validated configuration the plugin runs with.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub struct Settings {
+    pub sysfs_root: PathBuf,
+    pub dev_root: PathBuf,
+    pub device_plugin_dir: PathBuf,
+    pub resource_name: String,
+    #[serde(serialize_with = "serialize_duration")]
+    pub rescan_interval: Duration,
+    pub log_format: LogFormat,
+    pub log_level: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        let cli = Cli::parse_from(["efa-device-plugin"]);
+        let o = cli.options;
+        Settings {
+            sysfs_root: o.sysfs_root,
+            dev_root: o.dev_root,
+            device_plugin_dir: o.device_plugin_dir,
+            resource_name: o.resource_name,
+            rescan_interval: o.rescan_interval,
+            log_format: o.log_format,
+            log_level: o.log_level,
+        }
+    }
+}
+
+fn serialize_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_duration(*d).to_string())
+}
+
+/// A configuration problem, already phrased as the one line the user sees.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// Parses a duration such as `500ms` or `2s`; zero is refused because it would spin.
+pub fn parse_interval(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|err| format!("invalid duration {text:?}: {err} (use e.g. 500ms, 2s, 1m)"))?;
+    if d.is_zero() {
+        return Err(format!(
+            "invalid duration {text:?}: must be greater than zero"
+        ));
+    }
+    Ok(d)
+}
+
+/// The kubelet's `IsExtendedResourceName`: `<dns-subdomain>/<name>`, outside `kubernetes.io`,
+/// and `requests.<name>` must still be a qualified name.
+pub fn validate_resource_name(name: &str) -> Result<(), String> {
+    let invalid = |why: &str| Err(format!("invalid extended resource name {name:?}: {why}"));
+    let Some((prefix, base)) = name.split_once('/') else {
+        return invalid("must contain '/', e.g. vpc.amazonaws.com/efa");
+    };
+    if name.contains("kubernetes.io/") {
+        return invalid("the kubernetes.io domain is reserved for native resources");
+    }
+    if name.starts_with("requests.") {
+        return invalid("must not start with \"requests.\"");
+    }
+    if !is_dns_subdomain(&format!("requests.{prefix}")) {
+        return invalid("the part before '/' must be a DNS subdomain");
+    }
+    if !is_qualified_name_part(base) {
+        return invalid(
+            "the part after '/' must be 1-63 alphanumerics, '-', '_' or '.', starting and ending alphanumeric",
+        );
+    }
+    Ok(())
+}
+
+fn is_dns_subdomain(text: &str) -> bool {
+    text.len() <= 253
+        && text.split('.').all(|label| {
+            let bytes = label.as_bytes();
+            !bytes.is_empty()
+                && bytes.len() <= 63
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+                && bytes[0].is_ascii_alphanumeric()
+                && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        })
+}
+
+fn is_qualified_name_part(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && bytes[0].is_ascii_alphanumeric()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+}
+
+/// Where a setting's value came from, to name it in an error.
+enum Origin<'a> {
+    Flag(&'a str),
+    Env(&'a str),
+    File(&'a Path, &'a str),
+}
+
+impl fmt::Display for Origin<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Flag(flag) => write!(f, "--{flag}"),
+            Origin::Env(var) => write!(f, "{var}"),
+            Origin::File(path, key) => write!(f, "config file {}: {key}", path.display()),
+        }
+    }
+}
+
+/// Merges one setting: a flag or env value wins; otherwise the file's value, parsed like a flag.
+struct Merge<'a> {
+    matches: &'a ArgMatches,
+    path: Option<&'a Path>,
+}
+
+impl Merge<'_> {
+    fn pick<T>(
+        &self,
+        key: &str,
+        given: T,
+        from_file: Option<String>,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        let id = key.replace('-', "_");
+        if self.matches.value_source(&id) != Some(ValueSource::DefaultValue) {
+            return Ok(given);
+        }
+        match (from_file, self.path) {
+            (Some(text), Some(path)) => parse(&text)
+                .map_err(|err| ConfigError(format!("{}: {err}", Origin::File(path, key)))),
+            _ => Ok(given),
+        }
+    }
+
+    fn origin<'k>(&self, key: &'k str, env: &'k str) -> Origin<'k>
+    where
+        Self: 'k,
+    {
+        match self.matches.value_source(&key.replace('-', "_")) {
+            Some(ValueSource::EnvVariable) => Origin::Env(env),
+            Some(ValueSource::DefaultValue) | None => match self.path {
+                Some(path) => Origin::File(path, key),
+                None => Origin::Flag(key),
+            },
+            _ => Origin::Flag(key),
+        }
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|err| ConfigError(format!("config file {}: {err}", path.display())))?;
+    if text.trim().is_empty() {
+        return Ok(FileConfig::default());
+    }
+    serde_yaml::from_str(&text).map_err(|err| {
+        ConfigError(format!(
+            "config file {}: {}",
+            path.display(),
+            err.to_string().replace('\n', " ")
+        ))
+    })
+}
+
+/// Parses the command line (and environment, and config file) into a command and its settings.
+pub fn parse<I, T>(args: I) -> Result<(Command, Settings), clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = Cli::command().try_get_matches_from(args)?;
+    let cli = Cli::from_arg_matches(&matches)?;
+    let command = cli.command.clone().unwrap_or(Command::Run);
+    let settings = settings_from(&cli.options, &matches)
+        .map_err(|err| Cli::command().error(clap::error::ErrorKind::ValueValidation, err.0))?;
+    Ok((command, settings))
+}
+
+fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, ConfigError> {
+    let file = match &options.config {
+        Some(path) => read_file(path)?,
+        None => FileConfig::default(),
+    };
+    let merge = Merge {
+        matches,
+        path: options.config.as_deref(),
+    };
+    let path = |text: &str| Ok(PathBuf::from(text));
+    let settings = Settings {
+        sysfs_root: merge.pick(
+            "sysfs-root",
+            options.sysfs_root.clone(),
+            file.sysfs_root.map(|p| p.display().to_string()),
+            path,
+        )?,
+        dev_root: merge.pick(
+            "dev-root",
+            options.dev_root.clone(),
+            file.dev_root.map(|p| p.display().to_string()),
+            path,
+        )?,
+        device_plugin_dir: merge.pick(
+            "device-plugin-dir",
+            options.device_plugin_dir.clone(),
+            file.device_plugin_dir.map(|p| p.display().to_string()),
+            path,
+        )?,
+        resource_name: merge.pick(
+            "resource-name",
+            options.resource_name.clone(),
+            file.resource_name,
+            |text| Ok(text.to_owned()),
+        )?,
+        rescan_interval: merge.pick(
+            "rescan-interval",
+            options.rescan_interval,
+            file.rescan_interval,
+            parse_interval,
+        )?,
+        log_format: merge.pick("log-format", options.log_format, file.log_format, |text| {
+            LogFormat::from_str(text, false)
+                .map_err(|_| format!("invalid value {text:?}: use text or json"))
+        })?,
+        log_level: merge.pick(
+            "log-level",
+            options.log_level.clone(),
+            file.log_level,
+            |text| Ok(text.to_owned()),
+        )?,
+    };
+    validate_resource_name(&settings.resource_name).map_err(|err| {
+        ConfigError(format!(
+            "{}: {err}",
+            merge.origin("resource-name", "EFA_DP_RESOURCE_NAME")
+        ))
+    })?;
+    Ok(settings)
+}

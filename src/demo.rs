@@ -1,0 +1,162 @@
+//! `efa-device-plugin demo`: the real plugin against a simulated p5.48xlarge and an in-process
+//! kubelet stand-in, over real Unix sockets, for a newcomer without EFA hardware.
+
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use tokio_util::sync::CancellationToken;
+
+use crate::app::Plugin;
+use crate::config::Settings;
+use crate::kubelet_stub::{KubeletStub, KubeletView};
+use crate::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest, HEALTHY};
+use crate::simulate::{FakeNode, Nodes, Shape};
+
+const STEP_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub fn run() -> anyhow::Result<()> {
+    // Plugin logs would drown the demo's story; warnings still show.
+    crate::telemetry::init_logging(crate::config::LogFormat::Text, "warn")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let scratch = tempfile::Builder::new()
+        .prefix("efa-device-plugin-demo.")
+        .tempdir()
+        .context("creating the demo's scratch dir")?;
+    let outcome = runtime.block_on(story(scratch.path()));
+    let where_ = scratch.path().display().to_string();
+    scratch.close().context("removing the demo's scratch dir")?;
+    outcome?;
+    println!("\nDone; removed {where_}.");
+    Ok(())
+}
+
+async fn story(root: &std::path::Path) -> anyhow::Result<()> {
+    let (node, devices) = FakeNode::build(root, Shape::P5, Nodes::Files)?;
+    println!(
+        "Simulated a p5.48xlarge under {}: {} EFAs over 2 NUMA nodes.",
+        root.display(),
+        devices.len()
+    );
+    let plugin_dir = root.join("device-plugins");
+    let kubelet = KubeletStub::start(&plugin_dir)?;
+    let settings = Settings {
+        sysfs_root: node.sysfs.clone(),
+        dev_root: node.dev.clone(),
+        device_plugin_dir: plugin_dir,
+        rescan_interval: Duration::from_secs(1),
+        ..Settings::default()
+    };
+    let shutdown = CancellationToken::new();
+    let plugin = Plugin::new();
+    let running = tokio::spawn({
+        let (plugin, settings, shutdown) = (plugin.clone(), settings.clone(), shutdown.clone());
+        async move { plugin.run(&settings, shutdown).await }
+    });
+
+    let outcome = async {
+        let view = wait(&kubelet, "registration", |v| {
+            v.devices.len() == devices.len()
+        })
+        .await?;
+        let request = view.last_request.clone().unwrap_or_default();
+        println!(
+            "\n[kubelet] Register: version={} endpoint={} resource={}",
+            request.version, request.endpoint, request.resource_name
+        );
+        println!("[kubelet] ListAndWatch: {} devices", view.devices.len());
+        println!("  {:<14} {:<10} NUMA", "ID", "HEALTH");
+        for device in &view.devices {
+            let numa = device
+                .topology
+                .as_ref()
+                .and_then(|t| t.nodes.first())
+                .map_or("-".to_owned(), |n| n.id.to_string());
+            println!("  {:<14} {:<10} {numa}", device.id, device.health);
+        }
+
+        let chosen: Vec<String> = view.devices.iter().take(4).map(|d| d.id.clone()).collect();
+        let mut client = kubelet
+            .plugin()
+            .ok_or_else(|| anyhow!("no plugin connection"))?;
+        let response = client
+            .allocate(AllocateRequest {
+                container_requests: vec![ContainerAllocateRequest {
+                    devices_ids: chosen.clone(),
+                }],
+            })
+            .await?
+            .into_inner();
+        println!("\n[kubelet] Allocate {chosen:?}:");
+        for spec in response.container_responses.iter().flat_map(|c| &c.devices) {
+            println!(
+                "  DeviceSpec host_path={} container_path={} permissions={}",
+                spec.host_path, spec.container_path, spec.permissions
+            );
+        }
+
+        let victim = devices
+            .iter()
+            .find(|d| d.bdf == chosen[1])
+            .ok_or_else(|| anyhow!("allocated device not simulated"))?;
+        println!(
+            "\nRemoving {} (the node of {}) to simulate a failure...",
+            node.node_path(victim).display(),
+            victim.bdf
+        );
+        node.remove_node(victim)?;
+        let id = victim.bdf.clone();
+        let view = wait(&kubelet, "the failure", |v| {
+            health_of(v, &id) == Some(false)
+        })
+        .await?;
+        println!(
+            "[kubelet] ListAndWatch: {} is {}; {} of {} allocatable",
+            id,
+            view.devices
+                .iter()
+                .find(|d| d.id == id)
+                .map_or("?", |d| d.health.as_str()),
+            view.healthy(),
+            view.devices.len()
+        );
+        println!("Restoring the node...");
+        node.create_node(victim)?;
+        let view = wait(&kubelet, "the recovery", |v| {
+            health_of(v, &id) == Some(true)
+        })
+        .await?;
+        println!(
+            "[kubelet] ListAndWatch: {} is Healthy again; {} of {} allocatable",
+            id,
+            view.healthy(),
+            view.devices.len()
+        );
+        Ok::<(), anyhow::Error>(())
+    }
+    .await;
+
+    shutdown.cancel();
+    running.await.context("plugin task")??;
+    kubelet.stop().await;
+    outcome
+}
+
+fn health_of(view: &KubeletView, id: &str) -> Option<bool> {
+    view.devices
+        .iter()
+        .find(|d| d.id == id)
+        .map(|d| d.health == HEALTHY)
+}
+
+async fn wait(
+    kubelet: &KubeletStub,
+    what: &str,
+    done: impl Fn(&KubeletView) -> bool,
+) -> anyhow::Result<KubeletView> {
+    kubelet
+        .wait_for(STEP_TIMEOUT, done)
+        .await
+        .map_err(|view| anyhow!("timed out waiting for {what}; the kubelet saw {view:?}"))
+}

@@ -1,0 +1,41 @@
+use std::process::ExitCode;
+
+use clap::error::ErrorKind;
+use efa_device_plugin::config::{self, Command};
+use efa_device_plugin::{app, demo, list};
+
+fn main() -> ExitCode {
+    let (command, settings) = match config::parse(std::env::args_os()) {
+        Ok(parsed) => parsed,
+        Err(err)
+            if matches!(
+                err.kind(),
+                ErrorKind::DisplayHelp | ErrorKind::DisplayVersion
+            ) =>
+        {
+            let _ = err.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            // One line that names the flag, variable or file: usage text would bury it.
+            let rendered = err.render().to_string();
+            eprintln!("{}", rendered.lines().next().unwrap_or("invalid arguments"));
+            return ExitCode::from(2);
+        }
+    };
+    let outcome = match command {
+        Command::Run => app::serve(settings),
+        Command::List { output } => list::print(&settings, output, &mut std::io::stdout()),
+        Command::Demo => demo::run(),
+        Command::Config => serde_yaml::to_string(&settings)
+            .map(|yaml| print!("{yaml}"))
+            .map_err(Into::into),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,175 @@
+//! The one place device state lives: a `tokio::sync::watch` snapshot.
+//!
+//! The health monitor is the only writer. Every ListAndWatch stream, the Allocate path, the
+//! metrics endpoint and `list` read the latest snapshot, so a stream that starts after a change
+//! still sees it: nothing is handed over through channels that a dead stream could swallow.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::sync::watch;
+
+use crate::discovery::Efa;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Health {
+    Healthy,
+    Unhealthy,
+}
+
+impl fmt::Display for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Health::Healthy => "Healthy",
+            Health::Unhealthy => "Unhealthy",
+        })
+    }
+}
+
+/// A device's health and, when unhealthy, why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub health: Health,
+    pub reason: Option<String>,
+}
+
+impl Verdict {
+    pub fn healthy() -> Self {
+        Verdict {
+            health: Health::Healthy,
+            reason: None,
+        }
+    }
+
+    pub fn unhealthy(reason: impl Into<String>) -> Self {
+        Verdict {
+            health: Health::Unhealthy,
+            reason: Some(reason.into()),
+        }
+    }
+}
+
+/// A device the plugin has seen at least once, with the attributes it last had.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceRecord {
+    pub efa: Efa,
+    pub verdict: Verdict,
+}
+
+impl DeviceRecord {
+    pub fn is_healthy(&self) -> bool {
+        self.verdict.health == Health::Healthy
+    }
+}
+
+/// Every device ever seen, keyed by id (the PCI address).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inventory {
+    devices: BTreeMap<String, DeviceRecord>,
+}
+
+/// What a new observation changed, for logging each change once.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Added(DeviceRecord),
+    Health {
+        before: Verdict,
+        after: DeviceRecord,
+    },
+}
+
+/// Why a device that is no longer in the scan is still listed.
+pub const VANISHED: &str = "no longer in sysfs or no longer bound to the efa driver";
+
+impl Inventory {
+    pub fn devices(&self) -> impl ExactSizeIterator<Item = &DeviceRecord> {
+        self.devices.values()
+    }
+
+    pub fn get(&self, id: &str) -> Option<&DeviceRecord> {
+        self.devices.get(id)
+    }
+
+    pub fn healthy_count(&self) -> usize {
+        self.devices().filter(|d| d.is_healthy()).count()
+    }
+
+    /// Folds one observation in. Observed devices take the observed verdict and attributes; a
+    /// known device missing from the observation stays listed as Unhealthy, so the kubelet keeps
+    /// it in capacity and a pod holding it is not silently orphaned.
+    pub fn observe(&self, observed: Vec<DeviceRecord>) -> (Inventory, Vec<Change>) {
+        let mut next = BTreeMap::new();
+        let mut changes = Vec::new();
+        for record in observed {
+            match self.devices.get(&record.efa.id) {
+                None => changes.push(Change::Added(record.clone())),
+                Some(old) if old.verdict.health != record.verdict.health => {
+                    changes.push(Change::Health {
+                        before: old.verdict.clone(),
+                        after: record.clone(),
+                    })
+                }
+                Some(_) => {}
+            }
+            next.insert(record.efa.id.clone(), record);
+        }
+        for (id, old) in &self.devices {
+            if next.contains_key(id) {
+                continue;
+            }
+            let gone = DeviceRecord {
+                efa: old.efa.clone(),
+                verdict: Verdict::unhealthy(VANISHED),
+            };
+            if old.is_healthy() {
+                changes.push(Change::Health {
+                    before: old.verdict.clone(),
+                    after: gone.clone(),
+                });
+            }
+            next.insert(id.clone(), gone);
+        }
+        (Inventory { devices: next }, changes)
+    }
+}
+
+/// Owner of the device snapshot.
+#[derive(Clone)]
+pub struct DeviceState {
+    tx: Arc<watch::Sender<Arc<Inventory>>>,
+}
+
+impl Default for DeviceState {
+    fn default() -> Self {
+        DeviceState {
+            tx: Arc::new(watch::Sender::new(Arc::default())),
+        }
+    }
+}
+
+impl DeviceState {
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Inventory>> {
+        self.tx.subscribe()
+    }
+
+    pub fn current(&self) -> Arc<Inventory> {
+        self.tx.borrow().clone()
+    }
+
+    /// Applies an observation; readers are woken only when something actually changed.
+    pub fn apply(&self, observed: Vec<DeviceRecord>) -> Vec<Change> {
+        let mut changes = Vec::new();
+        self.tx.send_if_modified(|current| {
+            let (next, found) = current.observe(observed);
+            changes = found;
+            if next == **current {
+                return false;
+            }
+            *current = Arc::new(next);
+            true
+        });
+        changes
+    }
+}
