@@ -140,6 +140,8 @@ main() {
   step "checkov" run_checkov
   step "helm default values render the plain manifests" \
     "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain.yaml" "$work/helm.yaml"
+  step "helm values switches take effect" \
+    "$venv/bin/python" tests/deploy/chart_switches.py tests/deploy/values-variant.yaml "$work/helm-variant.yaml"
 
   host="$(rustc -vV | sed -n 's/^host: //p')"
   bin="$repo/target/$host/release/efa-device-plugin"
