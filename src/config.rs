@@ -15,7 +15,9 @@ use serde::{Deserialize, Serialize};
 #[command(
     name = "efa-device-plugin",
     version,
-    about = "Kubernetes device plugin for AWS Elastic Fabric Adapter (EFA)"
+    about = "Kubernetes device plugin for AWS Elastic Fabric Adapter (EFA)",
+    // A later flag overrides an earlier one, so wrappers can append overrides to fixed args.
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -382,4 +384,60 @@ fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, Co
         ))
     })?;
     Ok(settings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_names_follow_the_kubelet() {
+        for good in [
+            "vpc.amazonaws.com/efa",
+            "example.com/efa_shared",
+            "a.b/c.d-e",
+        ] {
+            assert_eq!(validate_resource_name(good), Ok(()), "{good}");
+        }
+        let long = format!("example.com/{}", "x".repeat(64));
+        for bad in [
+            "efa",
+            "kubernetes.io/efa",
+            "node.kubernetes.io/efa",
+            "requests.example.com/efa",
+            "Example.com/efa",
+            "example.com/",
+            "/efa",
+            "example.com/efa-",
+            "exa_mple.com/efa",
+            long.as_str(),
+        ] {
+            assert!(validate_resource_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn intervals_parse_like_the_docs_say() {
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_interval("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("fast").is_err());
+        assert!(parse_interval("").is_err());
+    }
+
+    #[test]
+    fn an_empty_config_file_means_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty.yaml");
+        std::fs::write(&path, "\n").unwrap();
+        let (_, settings) = parse([
+            "efa-device-plugin",
+            "--config",
+            path.to_str().unwrap(),
+            "config",
+        ])
+        .unwrap();
+        assert_eq!(settings, Settings::default());
+    }
 }

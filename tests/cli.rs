@@ -1,0 +1,241 @@
+//! The command line: option precedence, one-line errors for bad input, `list`, `config`, `demo`.
+
+mod support;
+
+use std::path::Path;
+
+use efa_device_plugin::simulate::{FakeNode, Shape};
+use support::{node_kind, run_binary};
+
+fn write_config(dir: &Path, text: &str) -> String {
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// Asserts a failed start: non-zero exit and exactly one line on stderr containing `names`.
+fn assert_one_line_error(result: (i32, String, String), names: &[&str]) {
+    let (code, _, stderr) = result;
+    assert_ne!(code, 0, "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr:?}");
+    for name in names {
+        assert!(stderr.contains(name), "{stderr:?} does not name {name:?}");
+    }
+}
+
+#[test]
+fn precedence_is_flag_env_file_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "rescan-interval: 3s\nresource-name: example.com/from-file\ndev-root: /file/dev\n",
+    );
+    let (code, stdout, stderr) = run_binary(
+        &["--config", &config, "--rescan-interval", "1s", "config"],
+        &[
+            ("EFA_DP_RESCAN_INTERVAL", "2s"),
+            ("EFA_DP_RESOURCE_NAME", "example.com/from-env"),
+        ],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let effective: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+    assert_eq!(
+        effective["rescan-interval"], "1s",
+        "flag beats env and file"
+    );
+    assert_eq!(
+        effective["resource-name"], "example.com/from-env",
+        "env beats file"
+    );
+    assert_eq!(effective["dev-root"], "/file/dev", "file beats default");
+    assert_eq!(effective["sysfs-root"], "/sys", "default");
+    assert_eq!(
+        effective["device-plugin-dir"],
+        "/var/lib/kubelet/device-plugins"
+    );
+}
+
+#[test]
+fn defaults_match_the_contract() {
+    let (code, stdout, _) = run_binary(&["config"], &[]);
+    assert_eq!(code, 0);
+    let effective: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+    assert_eq!(effective["sysfs-root"], "/sys");
+    assert_eq!(effective["dev-root"], "/dev");
+    assert_eq!(effective["resource-name"], "vpc.amazonaws.com/efa");
+    assert_eq!(effective["rescan-interval"], "5s");
+    assert_eq!(effective["log-format"], "text");
+}
+
+#[test]
+fn config_output_reads_back_as_a_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, first, _) = run_binary(
+        &["--rescan-interval", "750ms", "--dev-root", "/x", "config"],
+        &[],
+    );
+    let config = write_config(dir.path(), &first);
+    let (code, second, stderr) = run_binary(&["--config", &config, "config"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(first, second);
+}
+
+#[test]
+fn bad_yaml_names_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "rescan-interval: [1s\n");
+    assert_one_line_error(run_binary(&["--config", &config], &[]), &[&config]);
+}
+
+#[test]
+fn unknown_config_key_names_the_file_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "rescan-intervall: 1s\n");
+    assert_one_line_error(
+        run_binary(&["--config", &config], &[]),
+        &[&config, "rescan-intervall"],
+    );
+}
+
+#[test]
+fn missing_config_file_is_named() {
+    assert_one_line_error(
+        run_binary(&["--config", "/nonexistent/efa.yaml"], &[]),
+        &["/nonexistent/efa.yaml"],
+    );
+}
+
+#[test]
+fn unparsable_durations_name_their_source() {
+    assert_one_line_error(
+        run_binary(&["--rescan-interval", "soon"], &[]),
+        &["--rescan-interval", "soon"],
+    );
+    assert_one_line_error(
+        run_binary(&["--rescan-interval", "0s"], &[]),
+        &["--rescan-interval"],
+    );
+    assert_one_line_error(
+        run_binary(&[], &[("EFA_DP_RESCAN_INTERVAL", "5 parsecs")]),
+        &["rescan-interval"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "rescan-interval: whenever\n");
+    assert_one_line_error(
+        run_binary(&["--config", &config], &[]),
+        &[&config, "rescan-interval", "whenever"],
+    );
+}
+
+#[test]
+fn invalid_resource_names_are_refused_like_the_kubelet_does() {
+    for name in [
+        "efa",
+        "kubernetes.io/efa",
+        "requests.example.com/efa",
+        "Example.com/efa",
+        "example.com/-efa",
+    ] {
+        assert_one_line_error(
+            run_binary(&["--resource-name", name], &[]),
+            &["--resource-name", name],
+        );
+    }
+    assert_one_line_error(
+        run_binary(&[], &[("EFA_DP_RESOURCE_NAME", "efa")]),
+        &["EFA_DP_RESOURCE_NAME"],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "resource-name: nodomain\n");
+    assert_one_line_error(
+        run_binary(&["--config", &config], &[]),
+        &[&config, "resource-name"],
+    );
+}
+
+#[test]
+fn bad_log_format_is_named() {
+    assert_one_line_error(run_binary(&["--log-format", "xml"], &[]), &["--log-format"]);
+}
+
+#[test]
+fn list_json_has_exactly_the_documented_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = FakeNode::build(dir.path(), Shape::G5, node_kind()).unwrap();
+    let sysfs = node.sysfs.display().to_string();
+    let dev = node.dev.display().to_string();
+    let (code, stdout, stderr) = run_binary(
+        &[
+            "--sysfs-root",
+            &sysfs,
+            "--dev-root",
+            &dev,
+            "list",
+            "--output",
+            "json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 0, "{stderr}");
+    let rows: Vec<serde_json::Map<String, serde_json::Value>> =
+        serde_json::from_str(&stdout).unwrap();
+    assert_eq!(rows.len(), 1);
+    let keys: Vec<&str> = rows[0].keys().map(String::as_str).collect();
+    let mut expected = vec!["id", "ibdev", "uverbs", "numa_node", "health"];
+    expected.sort();
+    let mut keys_sorted = keys.clone();
+    keys_sorted.sort();
+    assert_eq!(keys_sorted, expected);
+    assert_eq!(rows[0]["id"], "0000:00:1c.0");
+    assert_eq!(rows[0]["ibdev"], "rdmap0s28");
+    assert_eq!(rows[0]["uverbs"], "uverbs0");
+    assert_eq!(rows[0]["numa_node"], serde_json::Value::Null);
+    assert_eq!(rows[0]["health"], "Healthy");
+}
+
+#[test]
+fn list_table_shows_pci_identity_and_reasons() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, devices) = FakeNode::build(dir.path(), Shape::P4d, node_kind()).unwrap();
+    node.remove_node(&devices[1]).unwrap();
+    let sysfs = node.sysfs.display().to_string();
+    let dev = node.dev.display().to_string();
+    let (code, stdout, _) = run_binary(&["--sysfs-root", &sysfs, "--dev-root", &dev, "list"], &[]);
+    assert_eq!(code, 0);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{stdout}");
+    assert!(lines[0].starts_with("ID"));
+    assert!(lines[1].contains("0000:10:1b.0") && lines[1].contains("0x1d0f:0xefa1"));
+    assert!(
+        lines[2].contains("Unhealthy") && lines[2].contains("missing"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn list_on_a_node_without_efa_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let (code, stdout, _) = run_binary(
+        &["--sysfs-root", &dir.path().display().to_string(), "list"],
+        &[],
+    );
+    assert_eq!(code, 0);
+    assert!(stdout.contains("no EFA"), "{stdout}");
+}
+
+#[test]
+fn demo_runs_and_cleans_up() {
+    let (code, stdout, stderr) = run_binary(&["demo"], &[]);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("Register: version=v1beta1"));
+    assert!(stdout.contains("ListAndWatch: 32 devices"));
+    assert_eq!(stdout.matches("DeviceSpec host_path=").count(), 4);
+    assert!(stdout.contains("is Unhealthy"));
+    assert!(stdout.contains("is Healthy again"));
+    let scratch = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("Done; removed "))
+        .expect("scratch dir named")
+        .trim_end_matches('.');
+    assert!(!Path::new(scratch).exists());
+}

@@ -1,0 +1,386 @@
+//! The real binary against the kubelet stand-in: registration, ListAndWatch, health, Allocate
+//! and every way the kubelet or the node can pull the rug.
+
+mod support;
+
+use std::time::Duration;
+
+use efa_device_plugin::proto::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest, HEALTHY, UNHEALTHY,
+};
+use efa_device_plugin::simulate::{Nodes, Shape, make_char_device};
+use support::{Harness, fds_and_tasks, node_kind};
+use tonic::Code;
+
+fn ids(view: &efa_device_plugin::kubelet_stub::KubeletView) -> Vec<String> {
+    view.devices.iter().map(|d| d.id.clone()).collect()
+}
+
+fn numa_of(view: &efa_device_plugin::kubelet_stub::KubeletView, id: &str) -> Option<i64> {
+    let device = view.devices.iter().find(|d| d.id == id)?;
+    device.topology.as_ref()?.nodes.first().map(|n| n.id)
+}
+
+fn health_of(view: &efa_device_plugin::kubelet_stub::KubeletView, id: &str) -> Option<String> {
+    view.devices
+        .iter()
+        .find(|d| d.id == id)
+        .map(|d| d.health.clone())
+}
+
+#[tokio::test]
+async fn registers_and_lists_p4d_with_numa() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    let view = h.registered().await;
+    let request = view.last_request.clone().unwrap();
+    assert_eq!(request.version, "v1beta1");
+    assert_eq!(request.endpoint, "efa-device-plugin.sock");
+    assert_eq!(request.resource_name, "vpc.amazonaws.com/efa");
+    assert_eq!(
+        ids(&view),
+        [
+            "0000:10:1b.0",
+            "0000:20:1b.0",
+            "0000:90:1b.0",
+            "0000:a0:1b.0"
+        ]
+    );
+    assert!(view.devices.iter().all(|d| d.health == HEALTHY));
+    assert_eq!(numa_of(&view, "0000:10:1b.0"), Some(0));
+    assert_eq!(numa_of(&view, "0000:20:1b.0"), Some(0));
+    assert_eq!(numa_of(&view, "0000:90:1b.0"), Some(1));
+    assert_eq!(numa_of(&view, "0000:a0:1b.0"), Some(1));
+    assert_eq!(view.register_calls, 1);
+}
+
+#[tokio::test]
+async fn p6_b200_mlx5_decoys_are_not_advertised() {
+    let mut h = Harness::new(Shape::P6B200);
+    assert_eq!(h.devices.len(), 10);
+    h.spawn_plugin(&[]);
+    let view = h.registered().await;
+    assert_eq!(view.devices.len(), 8);
+    let decoys: Vec<_> = h.devices.iter().filter(|d| !d.is_efa()).collect();
+    for decoy in decoys {
+        assert!(
+            health_of(&view, &decoy.bdf).is_none(),
+            "{} advertised",
+            decoy.bdf
+        );
+    }
+}
+
+#[tokio::test]
+async fn g5_without_numa_reports_no_topology() {
+    let mut h = Harness::new(Shape::G5);
+    h.spawn_plugin(&[]);
+    let view = h.registered().await;
+    assert_eq!(view.devices.len(), 1);
+    assert!(view.devices[0].topology.is_none());
+}
+
+#[tokio::test]
+async fn no_efa_registers_empty_and_picks_up_a_late_device() {
+    for shape in [Shape::NoEfa, Shape::NoClassDir] {
+        let mut h = Harness::new(shape);
+        h.spawn_plugin(&[]);
+        let view = h
+            .wait("an empty registration", |v| {
+                v.stream_open && v.snapshots > 0
+            })
+            .await;
+        assert!(view.devices.is_empty());
+        // The driver loads late: the device shows up within the rescan interval.
+        let late = efa_device_plugin::simulate::devices(Shape::P4d).remove(0);
+        std::fs::create_dir_all(h.node.sysfs.join("class/infiniband")).unwrap();
+        std::fs::create_dir_all(h.node.sysfs.join("class/infiniband_verbs")).unwrap();
+        h.node.add(&late).unwrap();
+        let view = h.wait("the late device", |v| v.devices.len() == 1).await;
+        assert_eq!(view.devices[0].id, late.bdf);
+        assert_eq!(view.devices[0].health, HEALTHY);
+    }
+}
+
+#[tokio::test]
+async fn allocate_returns_exactly_the_allocated_nodes() {
+    let mut h = Harness::new(Shape::P5);
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    let chosen: Vec<_> = h.efas().into_iter().take(8).cloned().collect();
+    let mut client = h.kubelet.plugin().unwrap();
+    let response = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: chosen.iter().map(|d| d.bdf.clone()).collect(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.container_responses.len(), 1);
+    let container = &response.container_responses[0];
+    assert!(container.envs.is_empty() && container.mounts.is_empty());
+    let mut got: Vec<_> = container
+        .devices
+        .iter()
+        .map(|s| {
+            (
+                s.container_path.clone(),
+                s.host_path.clone(),
+                s.permissions.clone(),
+            )
+        })
+        .collect();
+    let mut want: Vec<_> = chosen
+        .iter()
+        .map(|d| {
+            (
+                format!("/dev/infiniband/{}", d.uverbs_name()),
+                h.node.node_path(d).display().to_string(),
+                "rw".to_owned(),
+            )
+        })
+        .collect();
+    got.sort();
+    want.sort();
+    assert_eq!(got, want);
+}
+
+#[tokio::test]
+async fn allocate_refuses_unknown_and_unhealthy_ids_by_name() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    let mut client = h.kubelet.plugin().unwrap();
+    let request = |ids: &[&str]| AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }],
+    };
+    let err = client
+        .allocate(request(&["0000:10:1b.0", "0000:ff:00.0"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("0000:ff:00.0"), "{}", err.message());
+
+    let victim = h.efas()[2].clone();
+    h.node.remove_node(&victim).unwrap();
+    h.wait("the failure", |v| {
+        health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+    })
+    .await;
+    let err = client.allocate(request(&[&victim.bdf])).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert!(err.message().contains(&victim.bdf), "{}", err.message());
+}
+
+#[tokio::test]
+async fn node_removal_shows_without_waiting_for_a_rescan() {
+    let mut h = Harness::new(Shape::P4d);
+    // A rescan interval far beyond the test's patience: only inotify can explain a quick change.
+    h.spawn_plugin(&["--rescan-interval", "1h"]);
+    h.registered().await;
+    let victim = h.efas()[0].clone();
+    h.node.remove_node(&victim).unwrap();
+    let view = h
+        .wait("the removal", |v| {
+            health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+        })
+        .await;
+    assert_eq!(view.healthy(), 3);
+    h.node.create_node(&victim).unwrap();
+    h.wait("the recovery", |v| v.healthy() == 4).await;
+}
+
+#[tokio::test]
+async fn vanished_device_stays_listed_unhealthy_and_recovers() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    let victim = h.efas()[1].clone();
+    h.node.remove(&victim).unwrap();
+    let view = h
+        .wait("the vanished device", |v| {
+            health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+        })
+        .await;
+    assert_eq!(view.devices.len(), 4, "a vanished device stays in capacity");
+    h.node.add(&victim).unwrap();
+    h.wait("the returned device", |v| v.healthy() == 4).await;
+
+    // Unbinding the driver alone is a failure too.
+    h.node.unbind(&victim).unwrap();
+    h.wait("the unbound device", |v| {
+        health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+    })
+    .await;
+    h.node.bind(&victim).unwrap();
+    h.wait("the rebound device", |v| v.healthy() == 4).await;
+}
+
+#[tokio::test]
+async fn renamed_ibdev_keeps_its_id() {
+    let mut h = Harness::new(Shape::Bottlerocket);
+    h.spawn_plugin(&[]);
+    let before = ids(&h.registered().await);
+    // rdma-core's udev rule renames efa_N to its PCI name: the ID must not move.
+    let mut renamed = h.efas()[0].clone();
+    h.node.remove(&renamed).unwrap();
+    renamed.ibdev = "rdmap16s27".into();
+    h.node.add(&renamed).unwrap();
+    let view = h
+        .wait("the renamed device", |v| {
+            v.healthy() == 4 && v.snapshots > 1
+        })
+        .await;
+    assert_eq!(ids(&view), before);
+}
+
+#[tokio::test]
+async fn mismatched_char_device_is_unhealthy() {
+    if node_kind() != Nodes::CharDevices {
+        eprintln!("skipped: creating character devices needs CAP_MKNOD");
+        return;
+    }
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    let victim = h.efas()[3].clone();
+    let path = h.node.node_path(&victim);
+    std::fs::remove_file(&path).unwrap();
+    let mut wrong = victim.dev;
+    wrong.minor += 100;
+    make_char_device(&path, wrong).unwrap();
+    h.wait("the mismatch", |v| {
+        health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+    })
+    .await;
+    assert!(h.plugin_log().contains("sysfs says"), "{}", h.plugin_log());
+}
+
+#[tokio::test]
+async fn dense_node_reads_dynamic_majors() {
+    let mut h = Harness::new(Shape::Dense256);
+    h.spawn_plugin(&[]);
+    let view = h.registered().await;
+    assert_eq!(view.devices.len(), 256);
+    assert_eq!(view.healthy(), 256, "{}", h.plugin_log());
+}
+
+#[tokio::test]
+async fn waits_for_a_missing_kubelet() {
+    let mut h = Harness::new(Shape::P4d);
+    h.kubelet.restart().await.unwrap();
+    std::fs::remove_file(h.plugin_dir.join("kubelet.sock")).unwrap();
+    h.spawn_plugin(&[]);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(h.plugin_pid() as i32), None).is_ok(),
+        "the plugin must wait, not exit"
+    );
+    h.kubelet.restart().await.unwrap();
+    h.registered().await;
+}
+
+#[tokio::test]
+async fn kubelet_restarts_leak_nothing() {
+    let mut h = Harness::new(Shape::P4d);
+    let pid = h.spawn_plugin(&[]);
+    h.registered().await;
+    // Let lazily created runtime threads appear before taking the baseline.
+    h.kubelet.restart().await.unwrap();
+    h.registered().await;
+    let (fds_before, tasks_before) = fds_and_tasks(pid);
+    for round in 0..20 {
+        let calls = h.kubelet.view().borrow().register_calls;
+        h.kubelet.restart().await.unwrap();
+        h.wait(&format!("re-registration {round}"), |v| {
+            v.register_calls > calls && v.stream_open && v.devices.len() == 4
+        })
+        .await;
+    }
+    let (fds_after, tasks_after) = fds_and_tasks(pid);
+    assert!(
+        fds_after <= fds_before,
+        "fds grew from {fds_before} to {fds_after}"
+    );
+    assert!(
+        tasks_after <= tasks_before,
+        "tasks grew from {tasks_before} to {tasks_after}"
+    );
+}
+
+#[tokio::test]
+async fn stream_ended_by_the_kubelet_leads_to_registration() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    for round in 0..3 {
+        let started = h.kubelet.view().borrow().streams_started;
+        h.kubelet.end_stream();
+        h.wait(&format!("registration after stream end {round}"), |v| {
+            v.streams_started > started && v.stream_open && v.healthy() == 4
+        })
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn deleted_socket_leads_to_registration() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    let before = h.registered().await.register_calls;
+    std::fs::remove_file(h.plugin_socket()).unwrap();
+    h.wait("registration after socket deletion", |v| {
+        v.register_calls > before && v.stream_open && v.healthy() == 4
+    })
+    .await;
+    assert!(h.plugin_socket().exists());
+}
+
+#[tokio::test]
+async fn sigterm_removes_the_socket_and_exits_zero() {
+    for signal in [
+        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGINT,
+    ] {
+        let mut h = Harness::new(Shape::P4d);
+        h.spawn_plugin(&[]);
+        h.registered().await;
+        assert!(h.plugin_socket().exists());
+        let (status, took) = h.stop_plugin(signal);
+        assert!(status.success(), "{signal}: {status:?}\n{}", h.plugin_log());
+        assert!(took < Duration::from_secs(2), "{signal}: took {took:?}");
+        assert!(!h.plugin_socket().exists());
+    }
+}
+
+#[tokio::test]
+async fn ids_survive_a_plugin_restart() {
+    let mut h = Harness::new(Shape::P5);
+    h.spawn_plugin(&[]);
+    let before = ids(&h.registered().await);
+    h.terminate_plugin();
+    h.wait("the stream end", |v| !v.stream_open).await;
+    h.spawn_plugin(&[]);
+    let after = ids(&h.registered().await);
+    assert_eq!(before, after);
+}
+
+#[tokio::test]
+async fn json_logs_are_one_object_per_line() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&["--log-format", "json"]);
+    h.registered().await;
+    h.terminate_plugin();
+    let log = h.plugin_log();
+    assert!(!log.trim().is_empty());
+    for line in log.lines() {
+        let value: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(value.get("message").is_some(), "{line}");
+    }
+    assert!(log.contains("registered with the kubelet"));
+}

@@ -1,0 +1,203 @@
+//! Shared harness for the integration tests: a simulated node, the in-process kubelet
+//! stand-in, and the real plugin binary as a child process.
+
+// Each test crate uses a different part of the harness.
+#![allow(dead_code)]
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use efa_device_plugin::kubelet_stub::{KubeletStub, KubeletView};
+use efa_device_plugin::simulate::{FakeDevice, FakeNode, Nodes, Shape};
+use tempfile::TempDir;
+
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+pub const BINARY: &str = env!("CARGO_BIN_EXE_efa-device-plugin");
+
+/// Real character devices when the tests may create them, empty files otherwise.
+pub fn node_kind() -> Nodes {
+    if nix::unistd::geteuid().is_root() {
+        Nodes::CharDevices
+    } else {
+        Nodes::Files
+    }
+}
+
+pub struct Harness {
+    pub root: TempDir,
+    pub node: FakeNode,
+    /// Every simulated RDMA device, EFA or not.
+    pub devices: Vec<FakeDevice>,
+    pub plugin_dir: PathBuf,
+    pub kubelet: KubeletStub,
+    pub log: PathBuf,
+    plugin: Option<Child>,
+}
+
+impl Harness {
+    /// Builds `shape` and starts the kubelet stand-in. Call inside a tokio runtime.
+    pub fn new(shape: Shape) -> Self {
+        let root = tempfile::Builder::new()
+            .prefix("efa-dp-test.")
+            .tempdir()
+            .expect("temp dir");
+        let (node, devices) = FakeNode::build(root.path(), shape, node_kind()).expect("fake node");
+        let plugin_dir = root.path().join("device-plugins");
+        let kubelet = KubeletStub::start(&plugin_dir).expect("kubelet stand-in");
+        let log = root.path().join("plugin.log");
+        Harness {
+            root,
+            node,
+            devices,
+            plugin_dir,
+            kubelet,
+            log,
+            plugin: None,
+        }
+    }
+
+    pub fn efas(&self) -> Vec<&FakeDevice> {
+        self.devices.iter().filter(|d| d.is_efa()).collect()
+    }
+
+    /// The flags pointing the plugin at this harness.
+    pub fn args(&self) -> Vec<String> {
+        [
+            "--sysfs-root",
+            &self.node.sysfs.display().to_string(),
+            "--dev-root",
+            &self.node.dev.display().to_string(),
+            "--device-plugin-dir",
+            &self.plugin_dir.display().to_string(),
+            "--rescan-interval",
+            "200ms",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    }
+
+    /// Starts the plugin binary with the harness flags followed by `extra` (later flags win).
+    pub fn spawn_plugin(&mut self, extra: &[&str]) -> u32 {
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("log file");
+        let child = Command::new(BINARY)
+            .args(self.args())
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log file"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn plugin");
+        let pid = child.id();
+        self.plugin = Some(child);
+        pid
+    }
+
+    pub fn plugin_pid(&self) -> u32 {
+        self.plugin.as_ref().expect("plugin running").id()
+    }
+
+    pub fn plugin_log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Waits for `done`, failing the test with the kubelet's view and the plugin's log.
+    pub async fn wait(&self, what: &str, done: impl Fn(&KubeletView) -> bool) -> KubeletView {
+        match self.kubelet.wait_for(TIMEOUT, done).await {
+            Ok(view) => view,
+            Err(view) => panic!(
+                "timed out waiting for {what}\nkubelet view: {view:#?}\nplugin log:\n{}",
+                self.plugin_log()
+            ),
+        }
+    }
+
+    /// Waits until the plugin is registered with its stream open and every EFA listed.
+    pub async fn registered(&self) -> KubeletView {
+        let expected = self.efas().len();
+        self.wait("registration", |v| {
+            v.stream_open && v.snapshots > 0 && v.devices.len() == expected
+        })
+        .await
+    }
+
+    /// Sends SIGTERM and waits for the exit.
+    pub fn terminate_plugin(&mut self) -> (ExitStatus, Duration) {
+        self.stop_plugin(nix::sys::signal::Signal::SIGTERM)
+    }
+
+    /// Sends `sig` and waits for the exit; returns the status and how long it took.
+    pub fn stop_plugin(&mut self, sig: nix::sys::signal::Signal) -> (ExitStatus, Duration) {
+        let mut child = self.plugin.take().expect("plugin running");
+        let started = Instant::now();
+        signal(child.id(), sig);
+        let deadline = started + TIMEOUT;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait") {
+                return (status, started.elapsed());
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("plugin ignored SIGTERM\n{}", self.plugin_log());
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    pub fn plugin_socket(&self) -> PathBuf {
+        self.plugin_dir.join("efa-device-plugin.sock")
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.plugin.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+pub fn signal(pid: u32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("signal");
+}
+
+/// Open file descriptors and threads of a process, to catch leaks across restarts.
+pub fn fds_and_tasks(pid: u32) -> (usize, usize) {
+    let count = |dir: &str| {
+        std::fs::read_dir(Path::new("/proc").join(pid.to_string()).join(dir))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    (count("fd"), count("task"))
+}
+
+/// Runs the binary to completion with `args` and `env`, returning (exit code, stdout, stderr).
+pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let mut command = Command::new(BINARY);
+    command
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    for (key, _) in std::env::vars() {
+        if key.starts_with("EFA_DP_") {
+            command.env_remove(key);
+        }
+    }
+    for (key, value) in env {
+        command.env(key, value);
+    }
+    let output = command.output().expect("run binary");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
