@@ -21,8 +21,10 @@ python_tools=(
 helm_module=helm.sh/helm/v3/cmd/helm@v3.22.0
 # v5.8.3 needs Go 1.27; v5.8.2 builds with the Go that machines have today.
 kustomize_module=sigs.k8s.io/kustomize/kustomize/v5@v5.8.2
-# The oldest Kubernetes the manifests support and the newest EKS runs.
+# The oldest Kubernetes the manifests support, and the first with DRA
+# generally available, where EFA DRA drivers such as dra.net can appear.
 kubernetes_versions=(1.30.0 1.34.0)
+# The image is the binary alone (FROM scratch), so this is its size budget.
 max_binary_bytes=$((15 * 1000 * 1000))
 
 venv="$cache/venv"
@@ -97,7 +99,7 @@ run_checkov() {
     "$venv/bin/python" "$repo/tests/deploy/checkov_report.py"
 }
 
-# The Dockerfile's build: a static glibc binary for one target.
+# The same flags as the Dockerfile, so the binary checked is the one shipped.
 static_build() {
   RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked \
     --manifest-path "$repo/Cargo.toml" --target "$1"
@@ -154,7 +156,8 @@ main() {
   [[ $host == aarch64-* ]] && cross=x86_64-unknown-linux-gnu || cross=aarch64-unknown-linux-gnu
   if ! command -v rustup >/dev/null; then
     skip "cargo check for $cross" "no rustup to install the target with"
-  elif ! rustup target list --installed | grep -qx "$cross" && ! rustup target add "$cross" >"$work/rustup.log" 2>&1; then
+  elif ! rustup target list --installed | grep -qx "$cross" &&
+    ! timeout 300 rustup target add "$cross" >"$work/rustup.log" 2>&1; then
     skip "cargo check for $cross" "rustup could not install the target: $(tail -n 1 "$work/rustup.log")"
   else
     step "cargo check for $cross" env RUSTFLAGS='-C target-feature=+crt-static' \
