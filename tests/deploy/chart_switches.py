@@ -37,6 +37,8 @@ def main(values_path, rendered_path):
         "additionalPodLabels are added": values["additionalPodLabels"].items() <= pod["metadata"]["labels"].items(),
         "additionalPodAnnotations are added": values["additionalPodAnnotations"].items()
         <= pod["metadata"]["annotations"].items(),
+        "metrics.host and .port form the listen address": f"--metrics-address=[::]:{values['metrics']['port']}"
+        in container["args"],
         "podMonitor renders and scrapes the metrics port": "PodMonitor" in kinds
         and rendered.one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics",
         "networkPolicy can be turned off": "NetworkPolicy" not in kinds,

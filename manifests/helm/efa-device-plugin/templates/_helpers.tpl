@@ -26,3 +26,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
+
+{{- define "efa-device-plugin.metricsAddress" -}}
+{{- $host := .Values.metrics.host }}
+{{- if contains ":" $host }}{{ $host = printf "[%s]" $host }}{{ end }}
+{{- printf "%s:%v" $host .Values.metrics.port }}
+{{- end }}
