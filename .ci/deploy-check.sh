@@ -81,11 +81,20 @@ install_go_tools() {
   return "$status"
 }
 
+# Each plain-manifest variant next to the chart values that should render it.
 render() {
   "$kustomize" build "$repo/manifests" >"$work/plain.yaml" &&
+    "$kustomize" build "$repo/manifests/labelled" >"$work/plain-labelled.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system >"$work/helm.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
+      --set nodeScope.mode=labelled >"$work/helm-labelled.yaml" &&
+    "$helm" template efa-device-plugin "$chart" --namespace kube-system \
       -f "$repo/tests/deploy/values-variant.yaml" >"$work/helm-variant.yaml"
+}
+
+compare_renders() {
+  "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain.yaml" "$work/helm.yaml" &&
+    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-labelled.yaml" "$work/helm-labelled.yaml"
 }
 
 helm_lint() {
@@ -94,8 +103,11 @@ helm_lint() {
 }
 
 run_checkov() {
-  "$venv/bin/checkov" --framework kubernetes --output json \
-    -f "$work/plain.yaml" -f "$work/helm.yaml" -f "$work/helm-variant.yaml" |
+  local rendering files=()
+  for rendering in "$work"/*.yaml; do
+    files+=(-f "$rendering")
+  done
+  "$venv/bin/checkov" --framework kubernetes --output json "${files[@]}" |
     "$venv/bin/python" "$repo/tests/deploy/checkov_report.py"
 }
 
@@ -132,16 +144,15 @@ main() {
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
   step "shellcheck .ci" "$venv/bin/shellcheck" .ci/*.sh
-  step "render manifests (kustomize, helm default and variant values)" render
+  step "render manifests (kustomize base and labelled, helm default, labelled and variant values)" render
   step "helm lint" helm_lint
   local version
   for version in "${kubernetes_versions[@]}"; do
     step "kubernetes-validate --strict for $version" "$venv/bin/kubernetes-validate" --strict --quiet \
-      --kubernetes-version "$version" "$work/plain.yaml" "$work/helm.yaml" "$work/helm-variant.yaml"
+      --kubernetes-version "$version" "$work"/*.yaml
   done
   step "checkov" run_checkov
-  step "helm default values render the plain manifests" \
-    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain.yaml" "$work/helm.yaml"
+  step "helm renders the plain manifests, default and labelled" compare_renders
   step "helm values switches take effect" \
     "$venv/bin/python" tests/deploy/chart_switches.py tests/deploy/values-variant.yaml "$work/helm-variant.yaml"
 
