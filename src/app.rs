@@ -46,9 +46,12 @@ impl Plugin {
             dir: settings.device_plugin_dir.clone(),
             resource_name: settings.resource_name.clone(),
             state: self.state.clone(),
-            allocator: Arc::new(Allocator::new(vec![Box::new(DeviceNodes {
-                dev_root: settings.dev_root.clone(),
-            })])),
+            allocator: Arc::new(
+                Allocator::new(vec![Box::new(DeviceNodes {
+                    dev_root: settings.dev_root.clone(),
+                })])
+                .with_sharing(settings.sharing),
+            ),
             status: self.status.clone(),
         };
         let result = lifecycle.run(shutdown.clone()).await;

@@ -11,6 +11,8 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::allocation::sharing::{Sharing, parse_replicas};
+
 #[derive(Parser, Debug)]
 #[command(
     name = "efa-device-plugin",
@@ -123,6 +125,16 @@ pub struct Options {
         global = true
     )]
     pub log_level: String,
+    /// Advertise each EFA as this many IDs, so that many containers can share it (1: no sharing).
+    #[arg(
+        long,
+        env = "EFA_DP_SHARING_REPLICAS",
+        default_value = "1",
+        value_name = "N",
+        value_parser = parse_replicas,
+        global = true
+    )]
+    pub sharing_replicas: std::num::NonZeroU32,
 }
 
 /// The config file: the same options, keyed by their long names. Unknown keys are errors, so a
@@ -137,6 +149,15 @@ struct FileConfig {
     rescan_interval: Option<String>,
     log_format: Option<String>,
     log_level: Option<String>,
+    sharing: Option<FileSharing>,
+}
+
+/// `sharing:` in the config file, grouped because more sharing knobs may follow.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileSharing {
+    /// Kept as YAML so `replicas: 0` and `replicas: four` get the flag's own message.
+    replicas: Option<serde_yaml::Value>,
 }
 
 /// The validated configuration the plugin runs with.
@@ -151,6 +172,7 @@ pub struct Settings {
     pub rescan_interval: Duration,
     pub log_format: LogFormat,
     pub log_level: String,
+    pub sharing: Sharing,
 }
 
 impl Default for Settings {
@@ -165,6 +187,7 @@ impl Default for Settings {
             rescan_interval: o.rescan_interval,
             log_format: o.log_format,
             log_level: o.log_level,
+            sharing: Sharing::replicas(o.sharing_replicas),
         }
     }
 }
@@ -270,13 +293,25 @@ impl Merge<'_> {
         from_file: Option<String>,
         parse: impl Fn(&str) -> Result<T, String>,
     ) -> Result<T, ConfigError> {
+        self.pick_nested(key, key, given, from_file, parse)
+    }
+
+    /// Like [`Merge::pick`] for a setting the file spells differently, e.g. `sharing.replicas`.
+    fn pick_nested<T>(
+        &self,
+        key: &str,
+        file_key: &str,
+        given: T,
+        from_file: Option<String>,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
         let id = key.replace('-', "_");
         if self.matches.value_source(&id) != Some(ValueSource::DefaultValue) {
             return Ok(given);
         }
         match (from_file, self.path) {
             (Some(text), Some(path)) => parse(&text)
-                .map_err(|err| ConfigError(format!("{}: {err}", Origin::File(path, key)))),
+                .map_err(|err| ConfigError(format!("{}: {err}", Origin::File(path, file_key)))),
             _ => Ok(given),
         }
     }
@@ -376,6 +411,17 @@ fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, Co
             file.log_level,
             |text| Ok(text.to_owned()),
         )?,
+        sharing: Sharing::replicas(
+            merge.pick_nested(
+                "sharing-replicas",
+                "sharing.replicas",
+                options.sharing_replicas,
+                file.sharing
+                    .and_then(|sharing| sharing.replicas)
+                    .map(|value| yaml_scalar(&value)),
+                parse_replicas,
+            )?,
+        ),
     };
     validate_resource_name(&settings.resource_name).map_err(|err| {
         ConfigError(format!(
@@ -384,6 +430,17 @@ fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, Co
         ))
     })?;
     Ok(settings)
+}
+
+/// A YAML scalar as the text a flag would carry, so the file is parsed like the flag.
+fn yaml_scalar(value: &serde_yaml::Value) -> String {
+    match value {
+        serde_yaml::Value::String(text) => text.clone(),
+        other => serde_yaml::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+    }
 }
 
 #[cfg(test)]
