@@ -41,6 +41,8 @@ def main(values_path, rendered_path):
         in container["args"],
         "podMonitor renders and scrapes the metrics port": "PodMonitor" in kinds
         and rendered.one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics",
+        "nfd.enabled passes the feature file under featuresDir": f"--nfd-features-file={values['nfd']['featuresDir']}/efa"
+        in container["args"],
         "networkPolicy can be turned off": "NetworkPolicy" not in kinds,
         "config values reach the ConfigMap": values["config"].items()
         <= rendered.plugin_config(rendered.one(docs, "ConfigMap")).items(),

@@ -35,6 +35,9 @@ HOST_LOCATIONS = {
     "dev-root": ("infiniband", "/dev/infiniband", False),
     "sysfs-root": ("", "/sys", False),
 }
+# Options naming a file that others read on the host, at the same path; the
+# plugin writes it, and an empty value turns the feature off.
+SHARED_FILES = {"nfd-features-file"}
 # The plugin hands {dev-root}/infiniband/uverbsN to the kubelet as the host
 # path of an allocated device, so the container must see it at the host's path.
 SAME_PATH_AS_HOST = {"dev-root"}
@@ -139,7 +142,9 @@ def check_rendering(checks, binary, flags, commands, path):
         )
 
     used_volumes = {mount["name"]} if mount else set()
-    for option, (part, host, writes) in HOST_LOCATIONS.items():
+    locations = dict(HOST_LOCATIONS)
+    locations.update({o: ("", effective[o], True) for o in SHARED_FILES if effective.get(o)})
+    for option, (part, host, writes) in locations.items():
         value = effective.get(option)
         checks.expect(value is not None, f"{name}: the binary reports {option}")
         if value is None:
@@ -149,11 +154,11 @@ def check_rendering(checks, binary, flags, commands, path):
             checks.expect(used == host, f"{name}: {option} puts {used} at the host's path {host}")
         mount, volume = mount_for(container, volumes, used)
         if mount is None:
-            checks.expect(used == host and host in CONTAINER_OWN, f"{name}: {option} reads {used}, the host's {host}")
+            checks.expect(used == host and host in CONTAINER_OWN, f"{name}: {option} uses {used}, the host's {host}")
             continue
         used_volumes.add(mount["name"])
         seen = host_path_of(mount, volume, used) if "hostPath" in volume else None
-        checks.expect(seen == host, f"{name}: {option} reads {used}, the host's {host} (mounted from {seen})")
+        checks.expect(seen == host, f"{name}: {option} uses {used}, the host's {host} (mounted from {seen})")
         checks.expect(
             bool(mount.get("readOnly")) != writes,
             f"{name}: {used} is mounted {'read-write' if writes else 'read-only'}",
