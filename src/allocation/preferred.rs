@@ -258,6 +258,11 @@ impl Node {
                 start = end;
             }
         }
+        // A lone part needs no merge: its table already is this node's. Chains of single
+        // bridges are the common case (root port above one switch above one device).
+        if parts.len() == 1 {
+            return parts.remove(0);
+        }
         Node::merge(parts, want)
     }
 
