@@ -2,14 +2,21 @@
 
 use std::sync::Arc;
 
+use anyhow::Context;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::{Allocator, DeviceNodes};
 use crate::config::Settings;
+use crate::conflict::Guard;
 use crate::health::Monitor;
 use crate::lifecycle::{Lifecycle, PluginStatus};
 use crate::state::DeviceState;
+use crate::telemetry::http::{self, Endpoint};
+use crate::telemetry::metrics::{AllocationMetrics, Metrics};
+use crate::telemetry::pod_resources::PodResources;
 
 /// Handles a caller keeps on a running plugin.
 #[derive(Clone)]
@@ -33,6 +40,15 @@ impl Plugin {
         settings: &Settings,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
+        let allocations = Arc::new(AllocationMetrics::default());
+        // Bound before anything else starts, so a taken port fails the start with one line.
+        let endpoint = match settings.metrics_address {
+            Some(address) => Some(
+                self.endpoint(settings, &allocations, address, &shutdown)
+                    .await?,
+            ),
+            None => None,
+        };
         let mut monitor = Monitor::new(
             settings.sysfs_root.clone(),
             settings.dev_root.clone(),
@@ -41,7 +57,16 @@ impl Plugin {
         );
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
-        let monitor_task = tokio::spawn(monitor.run(shutdown.clone()));
+        let mut tasks = vec![tokio::spawn(monitor.run(shutdown.clone()))];
+        tasks.extend(endpoint);
+        tasks.extend(self.start_guard(settings, &shutdown));
+        if let Some(path) = &settings.nfd_features_file {
+            tasks.push(tokio::spawn(crate::nfd::run(
+                path.clone(),
+                self.state.clone(),
+                shutdown.clone(),
+            )));
+        }
         let lifecycle = Lifecycle {
             dir: settings.device_plugin_dir.clone(),
             resource_name: settings.resource_name.clone(),
@@ -50,14 +75,70 @@ impl Plugin {
                 Allocator::new(vec![Box::new(DeviceNodes {
                     dev_root: settings.dev_root.clone(),
                 })])
-                .with_sharing(settings.sharing),
+                .with_sharing(settings.sharing)
+                .with_metrics(allocations),
             ),
             status: self.status.clone(),
         };
         let result = lifecycle.run(shutdown.clone()).await;
         shutdown.cancel();
-        let _ = monitor_task.await;
+        for task in tasks {
+            let _ = task.await;
+        }
         result
+    }
+
+    async fn endpoint(
+        &self,
+        settings: &Settings,
+        allocations: &AllocationMetrics,
+        address: std::net::SocketAddr,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<JoinHandle<()>> {
+        let listener = TcpListener::bind(address)
+            .await
+            .with_context(|| format!("--metrics-address {address}"))?;
+        let bound = listener.local_addr()?;
+        tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
+        let endpoint = Arc::new(Endpoint {
+            metrics: Metrics::new(
+                self.state.clone(),
+                self.status.subscribe(),
+                allocations,
+                settings.sysfs_root.clone(),
+                PodResources::new(
+                    settings.pod_resources_socket.clone(),
+                    settings.resource_name.clone(),
+                ),
+            ),
+            status: self.status.subscribe(),
+            stopped: shutdown.clone(),
+        });
+        Ok(tokio::spawn(http::serve(
+            listener,
+            endpoint,
+            shutdown.clone(),
+        )))
+    }
+
+    /// The conflict is in the state before the kubelet can see a device, so no EFA is
+    /// advertised as allocatable while a DRA driver owns them.
+    fn start_guard(
+        &self,
+        settings: &Settings,
+        shutdown: &CancellationToken,
+    ) -> Option<JoinHandle<()>> {
+        if settings.allow_dra_coexistence {
+            return None;
+        }
+        let mut guard = Guard::new(
+            settings.plugins_registry_dir.clone(),
+            settings.dra_drivers.clone(),
+            settings.rescan_interval,
+            self.state.clone(),
+        );
+        guard.refresh();
+        Some(tokio::spawn(guard.run(shutdown.clone())))
     }
 }
 

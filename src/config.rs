@@ -4,6 +4,7 @@
 //! default. Every problem is reported as one line that names the flag, variable or file.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -135,7 +136,75 @@ pub struct Options {
         global = true
     )]
     pub sharing_replicas: std::num::NonZeroU32,
+    /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; empty disables it.
+    #[arg(
+        long,
+        env = "EFA_DP_METRICS_ADDRESS",
+        default_value = "0.0.0.0:9465",
+        value_name = "ADDR",
+        value_parser = parse_metrics_address,
+        global = true
+    )]
+    pub metrics_address: MetricsAddress,
+    /// The kubelet's PodResources socket, read to label EFA traffic with its pod (when present).
+    #[arg(
+        long,
+        env = "EFA_DP_POD_RESOURCES_SOCKET",
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock",
+        value_name = "FILE",
+        global = true
+    )]
+    pub pod_resources_socket: PathBuf,
+    /// The kubelet's plugin registration dir, where DRA drivers register.
+    #[arg(
+        long,
+        env = "EFA_DP_PLUGINS_REGISTRY_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry",
+        value_name = "DIR",
+        global = true
+    )]
+    pub plugins_registry_dir: PathBuf,
+    /// DRA drivers that manage EFAs; while one is registered every device is withheld.
+    #[arg(
+        long,
+        env = "EFA_DP_DRA_DRIVERS",
+        default_value = "dra.net",
+        value_name = "NAME,...",
+        value_parser = parse_driver_names,
+        global = true
+    )]
+    pub dra_drivers: DriverNames,
+    /// Keep advertising devices while an EFA DRA driver is registered on the node.
+    #[arg(
+        long,
+        env = "EFA_DP_ALLOW_DRA_COEXISTENCE",
+        value_name = "BOOL",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = parse_bool,
+        global = true
+    )]
+    pub allow_dra_coexistence: bool,
+    /// Node-feature-discovery local feature file to keep current (e.g.
+    /// /etc/kubernetes/node-feature-discovery/features.d/efa); empty disables it.
+    #[arg(
+        long,
+        env = "EFA_DP_NFD_FEATURES_FILE",
+        default_value = "",
+        value_name = "FILE",
+        value_parser = parse_optional_path,
+        global = true
+    )]
+    pub nfd_features_file: OptionalPath,
 }
+
+/// `None` when the endpoint is disabled. A named type, so clap parses the whole flag into it.
+pub type MetricsAddress = Option<SocketAddr>;
+/// A list kept as one value, so clap, the environment and the file all give it the same way.
+pub type DriverNames = Vec<String>;
+pub type OptionalPath = Option<PathBuf>;
 
 /// The config file: the same options, keyed by their long names. Unknown keys are errors, so a
 /// typo cannot silently fall back to a default.
@@ -149,6 +218,12 @@ struct FileConfig {
     rescan_interval: Option<String>,
     log_format: Option<String>,
     log_level: Option<String>,
+    metrics_address: Option<String>,
+    pod_resources_socket: Option<PathBuf>,
+    plugins_registry_dir: Option<PathBuf>,
+    dra_drivers: Option<Vec<String>>,
+    allow_dra_coexistence: Option<bool>,
+    nfd_features_file: Option<PathBuf>,
     sharing: Option<FileSharing>,
 }
 
@@ -173,6 +248,14 @@ pub struct Settings {
     pub log_format: LogFormat,
     pub log_level: String,
     pub sharing: Sharing,
+    #[serde(serialize_with = "serialize_optional")]
+    pub metrics_address: Option<SocketAddr>,
+    pub pod_resources_socket: PathBuf,
+    pub plugins_registry_dir: PathBuf,
+    pub dra_drivers: Vec<String>,
+    pub allow_dra_coexistence: bool,
+    #[serde(serialize_with = "serialize_optional_path")]
+    pub nfd_features_file: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -188,12 +271,36 @@ impl Default for Settings {
             log_format: o.log_format,
             log_level: o.log_level,
             sharing: Sharing::replicas(o.sharing_replicas),
+            metrics_address: o.metrics_address,
+            pod_resources_socket: o.pod_resources_socket,
+            plugins_registry_dir: o.plugins_registry_dir,
+            dra_drivers: o.dra_drivers,
+            allow_dra_coexistence: o.allow_dra_coexistence,
+            nfd_features_file: o.nfd_features_file,
         }
+    }
+}
+
+/// Writes a disabled option as the empty string that disables it on the command line.
+fn serialize_optional<T: fmt::Display, S: serde::Serializer>(
+    value: &Option<T>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    match value {
+        Some(value) => s.collect_str(value),
+        None => s.serialize_str(""),
     }
 }
 
 fn serialize_duration<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&humantime::format_duration(*d).to_string())
+}
+
+fn serialize_optional_path<S: serde::Serializer>(
+    value: &Option<PathBuf>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
+    serialize_optional(&value.as_deref().map(Path::display), s)
 }
 
 /// A configuration problem, already phrased as the one line the user sees.
@@ -211,6 +318,48 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
         ));
     }
     Ok(d)
+}
+
+/// `host:port`, or empty for no endpoint. Only an IP literal: resolving a name would make start-up
+/// depend on DNS.
+pub fn parse_metrics_address(text: &str) -> Result<Option<SocketAddr>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        format!("invalid address {text:?}: use IP:PORT, e.g. 0.0.0.0:9465, or \"\" to disable")
+    })
+}
+
+/// Comma-separated driver names, e.g. `dra.net,efa.example.com`.
+pub fn parse_driver_names(text: &str) -> Result<Vec<String>, String> {
+    let names: Vec<String> = text
+        .split(',')
+        .map(str::trim)
+        .filter(|name| !name.is_empty())
+        .map(str::to_owned)
+        .collect();
+    match names.iter().find(|name| name.contains('/')) {
+        Some(name) => Err(format!(
+            "invalid driver name {name:?}: must not contain '/'"
+        )),
+        None => Ok(names),
+    }
+}
+
+pub fn parse_bool(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(format!("invalid value {text:?}: use true or false")),
+    }
+}
+
+fn parse_optional_path(text: &str) -> Result<Option<PathBuf>, String> {
+    Ok(Some(text.trim())
+        .filter(|t| !t.is_empty())
+        .map(PathBuf::from))
 }
 
 /// The kubelet's `IsExtendedResourceName`: `<dns-subdomain>/<name>`, outside `kubernetes.io`,
@@ -422,6 +571,42 @@ fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, Co
                 parse_replicas,
             )?,
         ),
+        metrics_address: merge.pick(
+            "metrics-address",
+            options.metrics_address,
+            file.metrics_address,
+            parse_metrics_address,
+        )?,
+        pod_resources_socket: merge.pick(
+            "pod-resources-socket",
+            options.pod_resources_socket.clone(),
+            file.pod_resources_socket.map(|p| p.display().to_string()),
+            path,
+        )?,
+        plugins_registry_dir: merge.pick(
+            "plugins-registry-dir",
+            options.plugins_registry_dir.clone(),
+            file.plugins_registry_dir.map(|p| p.display().to_string()),
+            path,
+        )?,
+        dra_drivers: merge.pick(
+            "dra-drivers",
+            options.dra_drivers.clone(),
+            file.dra_drivers.map(|names| names.join(",")),
+            parse_driver_names,
+        )?,
+        allow_dra_coexistence: merge.pick(
+            "allow-dra-coexistence",
+            options.allow_dra_coexistence,
+            file.allow_dra_coexistence.map(|b| b.to_string()),
+            parse_bool,
+        )?,
+        nfd_features_file: merge.pick(
+            "nfd-features-file",
+            options.nfd_features_file.clone(),
+            file.nfd_features_file.map(|p| p.display().to_string()),
+            parse_optional_path,
+        )?,
     };
     validate_resource_name(&settings.resource_name).map_err(|err| {
         ConfigError(format!(

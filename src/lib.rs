@@ -5,6 +5,7 @@
 pub mod allocation;
 pub mod app;
 pub mod config;
+pub mod conflict;
 pub mod demo;
 pub mod discovery;
 pub mod fswatch;
@@ -12,6 +13,8 @@ pub mod health;
 pub mod kubelet_stub;
 pub mod lifecycle;
 pub mod list;
+pub mod nfd;
+pub mod pod_resources_stub;
 pub mod proto;
 pub mod service;
 pub mod simulate;

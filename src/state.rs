@@ -1,6 +1,7 @@
 //! The one place device state lives: a `tokio::sync::watch` snapshot.
 //!
-//! The health monitor is the only writer. Every ListAndWatch stream, the Allocate path, the
+//! The health monitor writes what it observes and the DRA-conflict guard whether another driver
+//! owns the devices; both are inputs of this one snapshot. Every ListAndWatch stream, the Allocate path, the
 //! metrics endpoint and `list` read the latest snapshot, so a stream that starts after a change
 //! still sees it: nothing is handed over through channels that a dead stream could swallow.
 
@@ -67,7 +68,12 @@ impl DeviceRecord {
 /// Every device ever seen, keyed by id (the PCI address).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Inventory {
+    /// What the kubelet is told: `observed`, overridden by `conflict`.
     devices: BTreeMap<String, DeviceRecord>,
+    /// The health monitor's own verdicts, kept so a device's health returns when a conflict ends.
+    observed: BTreeMap<String, DeviceRecord>,
+    /// Why nothing may be allocated on this node right now (another driver owns the EFAs).
+    conflict: Option<String>,
 }
 
 /// What a new observation changed, for logging each change once.
@@ -96,6 +102,33 @@ impl Inventory {
         self.devices().filter(|d| d.is_healthy()).count()
     }
 
+    pub fn conflict(&self) -> Option<&str> {
+        self.conflict.as_deref()
+    }
+
+    /// Rebuilds what is advertised; a conflict hides every device's own verdict without
+    /// losing it.
+    fn with(observed: BTreeMap<String, DeviceRecord>, conflict: Option<String>) -> Inventory {
+        let devices = match &conflict {
+            None => observed.clone(),
+            Some(reason) => observed
+                .iter()
+                .map(|(id, record)| {
+                    let hidden = DeviceRecord {
+                        efa: record.efa.clone(),
+                        verdict: Verdict::unhealthy(reason.clone()),
+                    };
+                    (id.clone(), hidden)
+                })
+                .collect(),
+        };
+        Inventory {
+            devices,
+            observed,
+            conflict,
+        }
+    }
+
     /// Folds one observation in. Observed devices take the observed verdict and attributes; a
     /// known device missing from the observation stays listed as Unhealthy, so the kubelet keeps
     /// it in capacity and a pod holding it is not silently orphaned.
@@ -103,7 +136,7 @@ impl Inventory {
         let mut next = BTreeMap::new();
         let mut changes = Vec::new();
         for record in observed {
-            match self.devices.get(&record.efa.id) {
+            match self.observed.get(&record.efa.id) {
                 None => changes.push(Change::Added(record.clone())),
                 Some(old) if old.verdict.health != record.verdict.health => {
                     changes.push(Change::Health {
@@ -115,7 +148,7 @@ impl Inventory {
             }
             next.insert(record.efa.id.clone(), record);
         }
-        for (id, old) in &self.devices {
+        for (id, old) in &self.observed {
             if next.contains_key(id) {
                 continue;
             }
@@ -131,7 +164,7 @@ impl Inventory {
             }
             next.insert(id.clone(), gone);
         }
-        (Inventory { devices: next }, changes)
+        (Inventory::with(next, self.conflict.clone()), changes)
     }
 }
 
@@ -172,6 +205,18 @@ impl DeviceState {
         });
         changes
     }
+
+    /// Sets or clears the reason every device is withheld from allocation; returns whether
+    /// that changed.
+    pub fn set_conflict(&self, conflict: Option<String>) -> bool {
+        self.tx.send_if_modified(|current| {
+            if current.conflict == conflict {
+                return false;
+            }
+            *current = Arc::new(Inventory::with(current.observed.clone(), conflict));
+            true
+        })
+    }
 }
 
 #[cfg(test)]
@@ -190,12 +235,66 @@ mod tests {
                     minor: 192,
                 },
                 numa_node: Some(0),
-                pci_path: format!("pci0000:00/{id}"),
+                pci_path: id.into(),
                 vendor: "0x1d0f".into(),
                 device: "0xefa1".into(),
             },
             verdict,
         }
+    }
+
+    fn health(state: &DeviceState) -> Vec<(String, Health)> {
+        state
+            .current()
+            .devices()
+            .map(|d| (d.efa.id.clone(), d.verdict.health))
+            .collect()
+    }
+
+    #[test]
+    fn a_conflict_withholds_every_device_and_its_end_restores_each_verdict() {
+        let state = DeviceState::default();
+        state.apply(vec![
+            record("a", Verdict::healthy()),
+            record("b", Verdict::unhealthy("node missing")),
+        ]);
+        assert!(state.set_conflict(Some("dra.net owns the EFAs".into())));
+        let inventory = state.current();
+        assert_eq!(inventory.healthy_count(), 0);
+        assert_eq!(inventory.devices().len(), 2, "capacity stays visible");
+        assert_eq!(inventory.conflict(), Some("dra.net owns the EFAs"));
+        assert_eq!(
+            inventory.get("a").and_then(|d| d.verdict.reason.as_deref()),
+            Some("dra.net owns the EFAs")
+        );
+        assert!(!state.set_conflict(Some("dra.net owns the EFAs".into())));
+
+        assert!(state.set_conflict(None));
+        assert_eq!(
+            health(&state),
+            [
+                ("a".to_owned(), Health::Healthy),
+                ("b".to_owned(), Health::Unhealthy)
+            ]
+        );
+    }
+
+    #[test]
+    fn observations_during_a_conflict_report_the_devices_own_changes() {
+        let state = DeviceState::default();
+        state.apply(vec![record("a", Verdict::healthy())]);
+        state.set_conflict(Some("conflict".into()));
+        // The device's own health did not change, so there is nothing to log.
+        assert!(
+            state
+                .apply(vec![record("a", Verdict::healthy())])
+                .is_empty()
+        );
+        let changes = state.apply(vec![record("a", Verdict::unhealthy("gone"))]);
+        assert!(matches!(changes.as_slice(), [Change::Health { .. }]));
+        assert_eq!(state.current().healthy_count(), 0);
+        state.set_conflict(None);
+        assert_eq!(health(&state), [("a".to_owned(), Health::Unhealthy)]);
     }
 
     #[test]

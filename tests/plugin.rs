@@ -91,12 +91,17 @@ async fn no_efa_registers_empty_and_picks_up_a_late_device() {
             })
             .await;
         assert!(view.devices.is_empty());
-        // The driver loads late: the device shows up within the rescan interval.
+        // The driver loads late: the device shows up within the rescan interval. A rescan may
+        // catch it half-created (sysfs there, node not yet), so it may be Unhealthy at first.
         let late = efa_device_plugin::simulate::devices(Shape::P4d).remove(0);
         std::fs::create_dir_all(h.node.sysfs.join("class/infiniband")).unwrap();
         std::fs::create_dir_all(h.node.sysfs.join("class/infiniband_verbs")).unwrap();
         h.node.add(&late).unwrap();
-        let view = h.wait("the late device", |v| v.devices.len() == 1).await;
+        let view = h
+            .wait("the late device", |v| {
+                v.devices.len() == 1 && v.healthy() == 1
+            })
+            .await;
         assert_eq!(view.devices[0].id, late.bdf);
         assert_eq!(view.devices[0].health, HEALTHY);
     }
@@ -230,11 +235,17 @@ async fn renamed_ibdev_keeps_its_id() {
     h.node.remove(&renamed).unwrap();
     renamed.ibdev = "rdmap16s27".into();
     h.node.add(&renamed).unwrap();
-    let view = h
-        .wait("the renamed device", |v| {
-            v.healthy() == 4 && v.snapshots > 1
-        })
-        .await;
+    // A rename that completes between two scans changes nothing the kubelet sees, so the
+    // plugin's own view (the ibdev label of the counters) tells when it noticed.
+    let renamed_series = format!(
+        "efa_tx_bytes_total{{device=\"{}\",ibdev=\"rdmap16s27\"}}",
+        renamed.bdf
+    );
+    h.scrape_until("the renamed device", |t| {
+        support::sample(t, &renamed_series).is_some()
+    })
+    .await;
+    let view = h.wait("the renamed device", |v| v.healthy() == 4).await;
     assert_eq!(ids(&view), before);
 }
 

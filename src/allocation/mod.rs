@@ -11,6 +11,8 @@ pub mod sharing;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
 
 use crate::discovery::Efa;
 use crate::health::node_path;
@@ -19,6 +21,7 @@ use crate::proto::deviceplugin::{
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
 use crate::state::Inventory;
+use crate::telemetry::metrics::AllocationMetrics;
 use sharing::Sharing;
 
 /// Where the container finds a device node. It must equal the host's own path, because
@@ -61,6 +64,7 @@ impl Contributor for DeviceNodes {
 pub struct Allocator {
     contributors: Vec<Box<dyn Contributor>>,
     sharing: Sharing,
+    metrics: Option<Arc<AllocationMetrics>>,
 }
 
 impl Allocator {
@@ -68,12 +72,19 @@ impl Allocator {
         Allocator {
             contributors,
             sharing: Sharing::default(),
+            metrics: None,
         }
     }
 
     /// Serves the IDs `sharing` advertises instead of one per EFA.
     pub fn with_sharing(self, sharing: Sharing) -> Self {
         Allocator { sharing, ..self }
+    }
+
+    /// Counts and times every answer in `metrics`.
+    pub fn with_metrics(mut self, metrics: Arc<AllocationMetrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     pub fn sharing(&self) -> Sharing {
@@ -89,6 +100,19 @@ impl Allocator {
     }
 
     pub fn allocate(
+        &self,
+        inventory: &Inventory,
+        request: &AllocateRequest,
+    ) -> Result<AllocateResponse, AllocateError> {
+        let started = Instant::now();
+        let answer = self.answer(inventory, request);
+        if let Some(metrics) = &self.metrics {
+            metrics.record(answer.is_ok(), started.elapsed());
+        }
+        answer
+    }
+
+    fn answer(
         &self,
         inventory: &Inventory,
         request: &AllocateRequest,

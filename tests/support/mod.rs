@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 use std::fs::File;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -62,8 +63,10 @@ impl Harness {
         self.devices.iter().filter(|d| d.is_efa()).collect()
     }
 
-    /// The flags pointing the plugin at this harness.
+    /// The flags pointing the plugin at this harness: its HTTP endpoint on an ephemeral
+    /// loopback port, and the kubelet's other dirs inside the harness, never the host's.
     pub fn args(&self) -> Vec<String> {
+        let kubelet_dir = |name: &str| self.root.path().join(name).display().to_string();
         [
             "--sysfs-root",
             &self.node.sysfs.display().to_string(),
@@ -73,6 +76,12 @@ impl Harness {
             &self.plugin_dir.display().to_string(),
             "--rescan-interval",
             "200ms",
+            "--metrics-address",
+            "127.0.0.1:0",
+            "--pod-resources-socket",
+            &kubelet_dir("pod-resources/kubelet.sock"),
+            "--plugins-registry-dir",
+            &kubelet_dir("plugins_registry"),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -200,4 +209,92 @@ pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) 
         String::from_utf8_lossy(&output.stdout).into_owned(),
         String::from_utf8_lossy(&output.stderr).into_owned(),
     )
+}
+
+impl Harness {
+    /// Where the plugin's HTTP endpoint listens: the harness asks for an ephemeral loopback
+    /// port, and the plugin logs the one it bound.
+    pub async fn metrics_address(&self) -> SocketAddr {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let log = self.plugin_log();
+            // The latest start's line: a harness may run the plugin several times.
+            let found = log
+                .lines()
+                .rev()
+                .filter(|line| line.contains("serving /metrics"))
+                .find_map(logged_address);
+            if let Some(address) = found {
+                return address;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no metrics address logged\n{log}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// GETs `path` from the plugin's HTTP endpoint: (status, body).
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        http_get(self.metrics_address().await, path).await
+    }
+
+    /// Scrapes until `done` holds for the exposition text, failing with the last one.
+    pub async fn scrape_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let (status, text) = self.get("/metrics").await;
+            assert_eq!(status, 200, "{text}");
+            if done(&text) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}\nlast scrape:\n{text}\nplugin log:\n{}",
+                self.plugin_log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// The `address` field of a text or JSON log line.
+fn logged_address(line: &str) -> Option<SocketAddr> {
+    let (_, rest) = line
+        .split_once("address=")
+        .or_else(|| line.split_once("\"address\":\""))?;
+    rest.split(|c: char| c.is_whitespace() || c == '"')
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// A minimal HTTP/1.1 GET: (status, body).
+pub async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {address}: {e}"));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("request");
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .expect("response");
+    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("status code");
+    (status, body.to_owned())
+}
+
+/// The value of the sample `series` (name with its exact label set, as exposed).
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|value| value.trim().parse().ok())
 }

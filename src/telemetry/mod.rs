@@ -1,4 +1,13 @@
-//! Logging: text or one JSON object per line, quiet while nothing changes.
+//! What the plugin tells operators: logs (here), Prometheus metrics and probes.
+//!
+//! Logging is text or one JSON object per line, and quiet while nothing changes.
+
+pub mod counters;
+pub mod http;
+pub mod metrics;
+pub mod pod_resources;
+
+use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
 
@@ -15,6 +24,8 @@ pub fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour codes only for a person at a terminal; in a container log they are noise.
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false);
     let installed = match format {
         LogFormat::Text => builder.try_init(),

@@ -1,0 +1,160 @@
+//! What observability costs: a `/metrics` scrape of a p5.48xlarge (32 EFAs, 19 counters each),
+//! and Allocate latency with and without a scraper hammering the endpoint.
+//!
+//! The real binary runs as in production, one process on a single-threaded runtime; the kubelet
+//! stand-in and the clients run in this process. Run with `cargo bench --bench scrape`.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use efa_device_plugin::kubelet_stub::KubeletStub;
+use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
+use efa_device_plugin::simulate::Shape;
+use support::{Harness, http_get};
+
+const SCRAPES: usize = 300;
+const ALLOCATIONS: usize = 2000;
+/// The budget a scrape of 32 devices must stay under (median).
+const SCRAPE_BUDGET: Duration = Duration::from_millis(2);
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let rows = runtime.block_on(measure());
+    println!("{:<28} {:>10} {:>10} {:>10}", "", "median", "p90", "p99");
+    for (name, s) in &rows {
+        println!(
+            "{name:<28} {:>10} {:>10} {:>10}",
+            micros(s.median),
+            micros(s.p90),
+            micros(s.p99)
+        );
+    }
+    let verdict = if rows[0].1.median <= SCRAPE_BUDGET {
+        "within"
+    } else {
+        "OVER"
+    };
+    println!("\nscrape median {verdict} the {SCRAPE_BUDGET:?} budget");
+}
+
+async fn measure() -> Vec<(&'static str, Summary)> {
+    let mut h = Harness::new(Shape::P5);
+    for (i, device) in h.efas().into_iter().enumerate() {
+        h.node
+            .set_port_counter(device, "tx_bytes", 1_000_000 * i as u64)
+            .expect("counter");
+    }
+    // The production rescan interval, so rescans do not crowd the measurement.
+    h.spawn_plugin(&["--rescan-interval", "5s"]);
+    h.registered().await;
+    let address = h.metrics_address().await;
+    let id = h.efas()[0].bdf.clone();
+    let text = http_get(address, "/metrics").await.1;
+    let series = text
+        .lines()
+        .filter(|l| l.starts_with("efa_") && !l.starts_with("efa_device_plugin"))
+        .count();
+
+    let scrape = summary(
+        &timed(SCRAPES, || async {
+            http_get(address, "/metrics").await;
+        })
+        .await,
+    );
+    let quiet = summary(&allocations(&h.kubelet, &id).await);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let scraped = Arc::new(AtomicUsize::new(0));
+    let scraper = std::thread::spawn({
+        let (stop, scraped) = (stop.clone(), scraped.clone());
+        move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("scraper runtime")
+                .block_on(async {
+                    while !stop.load(Ordering::Relaxed) {
+                        http_get(address, "/metrics").await;
+                        scraped.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+        }
+    });
+    let busy = summary(&allocations(&h.kubelet, &id).await);
+    stop.store(true, Ordering::Relaxed);
+    scraper.join().expect("scraper");
+
+    println!(
+        "p5.48xlarge: {} EFAs, {series} counter series, {} bytes per scrape",
+        h.efas().len(),
+        text.len()
+    );
+    println!(
+        "{} scrapes ran during the second Allocate run\n",
+        scraped.load(Ordering::Relaxed)
+    );
+    h.terminate_plugin();
+    vec![
+        ("GET /metrics (32 EFAs)", scrape),
+        ("Allocate, no scrapes", quiet),
+        ("Allocate, scraped non-stop", busy),
+    ]
+}
+
+struct Summary {
+    median: Duration,
+    p90: Duration,
+    p99: Duration,
+}
+
+fn summary(samples: &[Duration]) -> Summary {
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let at = |q: f64| sorted[((sorted.len() - 1) as f64 * q).round() as usize];
+    Summary {
+        median: at(0.5),
+        p90: at(0.9),
+        p99: at(0.99),
+    }
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+async fn timed<F, Fut>(n: usize, mut run: F) -> Vec<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut samples = Vec::with_capacity(n);
+    for _ in 0..n {
+        let started = Instant::now();
+        run().await;
+        samples.push(started.elapsed());
+    }
+    samples
+}
+
+async fn allocations(kubelet: &KubeletStub, id: &str) -> Vec<Duration> {
+    let client = kubelet.plugin().expect("plugin connection");
+    timed(ALLOCATIONS, || {
+        let mut client = client.clone();
+        let request = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![id.to_owned()],
+            }],
+        };
+        async move {
+            client.allocate(request).await.expect("allocate");
+        }
+    })
+    .await
+}

@@ -1,0 +1,152 @@
+//! The DRA-conflict guard: while a DRA driver that manages EFAs is registered on the node, the
+//! plugin withholds every device.
+//!
+//! A device plugin cannot see ResourceClaims, so a DRA driver (DRANET's `dra.net`) and this
+//! plugin would hand the same EFA to two pods without either noticing. The kubelet registers
+//! DRA drivers through sockets in its `plugins_registry` dir, named after the driver
+//! (`dra.net-reg.sock`); their presence is the signal. Withholding keeps capacity visible, so an
+//! operator sees why allocatable dropped to zero, and the conflict ends by itself when the
+//! driver goes.
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::fswatch::DirWatch;
+use crate::state::DeviceState;
+
+/// While a conflict lasts it is logged again this often, so it is in any recent log excerpt.
+const REMIND_EVERY: Duration = Duration::from_secs(60);
+
+pub struct Guard {
+    pub dir: PathBuf,
+    pub drivers: Vec<String>,
+    /// How often to look again when inotify cannot watch the dir (it may not exist yet).
+    pub interval: Duration,
+    pub state: DeviceState,
+    last_logged: Option<Instant>,
+}
+
+/// The first socket in `dir` whose file name starts with one of `drivers`, as `(driver, path)`.
+pub fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, PathBuf)> {
+    let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_socket()))
+        .filter_map(|entry| {
+            let name = entry.file_name();
+            let name = name.to_str()?;
+            let driver = drivers.iter().find(|d| name.starts_with(d.as_str()))?;
+            Some((driver.clone(), entry.path()))
+        })
+        .collect();
+    found.sort();
+    found.into_iter().next()
+}
+
+impl Guard {
+    pub fn new(dir: PathBuf, drivers: Vec<String>, interval: Duration, state: DeviceState) -> Self {
+        Guard {
+            dir,
+            drivers,
+            interval,
+            state,
+            last_logged: None,
+        }
+    }
+
+    /// Looks once and updates the device state; logs when a conflict starts or ends, and
+    /// reminds of an ongoing one once a minute.
+    pub fn refresh(&mut self) {
+        let conflict = find_driver(&self.dir, &self.drivers).map(|(driver, socket)| {
+            format!(
+                "DRA driver {driver} is registered on this node ({}) and allocates the same EFAs; \
+                 the device plugin withholds them until it goes (or run with --allow-dra-coexistence)",
+                socket.display()
+            )
+        });
+        let now = Instant::now();
+        let changed = self.state.set_conflict(conflict.clone());
+        match conflict {
+            Some(reason) if changed || self.last_logged.is_none_or(|t| now - t >= REMIND_EVERY) => {
+                tracing::error!(
+                    conflict = %reason,
+                    devices = self.state.current().devices().len(),
+                    "every EFA is withheld from allocation"
+                );
+                self.last_logged = Some(now);
+            }
+            Some(_) => {}
+            None if changed => {
+                tracing::info!(
+                    dir = %self.dir.display(),
+                    "no EFA DRA driver is registered any more; devices are advertised again"
+                );
+                self.last_logged = None;
+            }
+            None => {}
+        }
+    }
+
+    /// Re-checks on every change of the dir, and every `interval` in any case.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut watch: Option<DirWatch> = None;
+        let mut ticker = tokio::time::interval_at(Instant::now() + self.interval, self.interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            if watch.as_ref().is_some_and(DirWatch::is_dead) {
+                watch = None;
+            }
+            // Only a dir that exists can be watched; trying anyway would open and close an
+            // inotify descriptor on every pass.
+            if watch.is_none() && self.dir.is_dir() {
+                watch = DirWatch::new(&self.dir).ok();
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+                _ = next_change(&mut watch) => {}
+            }
+            self.refresh();
+        }
+    }
+}
+
+async fn next_change(watch: &mut Option<DirWatch>) {
+    match watch {
+        Some(w) => {
+            let _ = w.next().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_sockets_named_after_a_listed_driver_count() {
+        let dir = tempfile::tempdir().unwrap();
+        let drivers = vec!["dra.net".to_owned()];
+        std::fs::write(dir.path().join("dra.net-reg.sock"), b"").unwrap();
+        let _other =
+            std::os::unix::net::UnixListener::bind(dir.path().join("gpu.nvidia.com-reg.sock"))
+                .unwrap();
+        assert_eq!(
+            find_driver(dir.path(), &drivers),
+            None,
+            "a regular file is no registration"
+        );
+
+        let _dra =
+            std::os::unix::net::UnixListener::bind(dir.path().join("dra.net-reg2.sock")).unwrap();
+        let (driver, path) = find_driver(dir.path(), &drivers).unwrap();
+        assert_eq!(driver, "dra.net");
+        assert!(path.ends_with("dra.net-reg2.sock"));
+        assert_eq!(find_driver(&dir.path().join("absent"), &drivers), None);
+    }
+}

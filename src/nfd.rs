@@ -1,0 +1,164 @@
+//! A node-feature-discovery local feature file, so a cluster can select EFA nodes by label
+//! without the plugin holding API credentials.
+//!
+//! NFD's `local` source reads `key=value` lines from files in its `features.d` dir and labels
+//! the node `feature.node.kubernetes.io/<key>=<value>`. Values must therefore be valid label
+//! values: lists are joined with `_`, never `,`. The file is replaced by rename, so NFD never
+//! reads half of it, and removed on exit, so a node without the plugin loses the labels.
+
+use std::collections::BTreeSet;
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::state::{DeviceState, Inventory};
+
+/// The feature file for this inventory: capacity (every device the kubelet is told about), the
+/// NUMA nodes the EFAs sit on, and their PCI device models (`efa1`, `efa2`, ...).
+pub fn render(inventory: &Inventory) -> String {
+    let numa: BTreeSet<u32> = inventory
+        .devices()
+        .filter_map(|d| d.efa.numa_node)
+        .collect();
+    let models: BTreeSet<String> = inventory
+        .devices()
+        .map(|d| d.efa.device.trim_start_matches("0x").to_ascii_lowercase())
+        .filter(|model| !model.is_empty())
+        .collect();
+    let join = |items: Vec<String>| items.join("_");
+    let mut text = format!(
+        "# Written by efa-device-plugin; removed when it stops.\nefa.count={}\n",
+        inventory.devices().len()
+    );
+    if !numa.is_empty() {
+        let nodes = join(numa.iter().map(u32::to_string).collect());
+        text.push_str(&format!("efa.numa-nodes={nodes}\n"));
+    }
+    if !models.is_empty() {
+        text.push_str(&format!(
+            "efa.device-model={}\n",
+            join(models.into_iter().collect())
+        ));
+    }
+    text
+}
+
+/// Replaces `path` with `text` in one step: a temporary file in the same dir, then a rename.
+pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let mut file = tempfile::Builder::new()
+        .prefix(".efa-device-plugin.")
+        .tempfile_in(dir)?;
+    file.write_all(text.as_bytes())?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|err| err.error)?;
+    Ok(())
+}
+
+/// Keeps `path` current with the device state until `shutdown`, then removes it.
+pub async fn run(path: PathBuf, state: DeviceState, shutdown: CancellationToken) {
+    let mut devices = state.subscribe();
+    let mut written: Option<String> = None;
+    loop {
+        let text = render(&devices.borrow_and_update());
+        if written.as_ref() != Some(&text) {
+            match write_atomically(&path, &text) {
+                Ok(()) => written = Some(text),
+                Err(err) => tracing::warn!(
+                    file = %path.display(),
+                    error = %err,
+                    "cannot write the NFD feature file; trying again on the next change"
+                ),
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => break,
+            changed = devices.changed() => if changed.is_err() { break },
+        }
+    }
+    match std::fs::remove_file(&path) {
+        Err(err) if err.kind() != io::ErrorKind::NotFound => tracing::warn!(
+            file = %path.display(),
+            error = %err,
+            "cannot remove the NFD feature file"
+        ),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::health;
+    use crate::simulate::{FakeNode, Nodes, Shape};
+
+    fn inventory(shape: Shape) -> Inventory {
+        let root = tempfile::tempdir().unwrap();
+        let (node, _) = FakeNode::build(root.path(), shape, Nodes::Files).unwrap();
+        let state = DeviceState::default();
+        state.apply(health::observe(&node.sysfs, &node.dev).0);
+        (*state.current()).clone()
+    }
+
+    #[test]
+    fn describes_count_numa_and_model_as_valid_label_values() {
+        let text = render(&inventory(Shape::P5));
+        let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(
+            lines,
+            [
+                "efa.count=32",
+                "efa.numa-nodes=0_1",
+                "efa.device-model=efa2"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_node_without_numa_affinity_has_no_numa_key() {
+        let text = render(&inventory(Shape::G5));
+        assert!(text.contains("efa.count=1\n"));
+        assert!(!text.contains("numa"));
+        assert_eq!(
+            render(&Inventory::default())
+                .lines()
+                .filter(|l| !l.starts_with('#'))
+                .collect::<Vec<_>>(),
+            ["efa.count=0"]
+        );
+    }
+
+    #[tokio::test]
+    async fn follows_the_state_and_is_removed_on_shutdown() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("efa");
+        let state = DeviceState::default();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(path.clone(), state.clone(), shutdown.clone()));
+        let wait_for = |needle: &'static str| {
+            let path = path.clone();
+            async move {
+                for _ in 0..200 {
+                    if std::fs::read_to_string(&path).is_ok_and(|t| t.contains(needle)) {
+                        return;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+                panic!("{} never contained {needle}", path.display());
+            }
+        };
+        wait_for("efa.count=0").await;
+        let other = inventory(Shape::P4d);
+        state.apply(other.devices().cloned().collect());
+        wait_for("efa.count=4").await;
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(leftovers.len(), 1, "no temporary file is left behind");
+        shutdown.cancel();
+        task.await.unwrap();
+        assert!(!path.exists());
+    }
+}

@@ -1,0 +1,118 @@
+//! An in-process stand-in for the kubelet's PodResources endpoint, over a real Unix socket, for
+//! the tests of pod attribution. Only `List` is served: it is all the plugin asks.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::proto::podresources::{
+    AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
+    ContainerResources, GetPodResourcesRequest, GetPodResourcesResponse, ListPodResourcesRequest,
+    ListPodResourcesResponse, PodResources,
+    pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer},
+};
+use crate::uds;
+
+/// A pod with one container holding `ids` of `resource`.
+pub fn pod(
+    namespace: &str,
+    name: &str,
+    container: &str,
+    resource: &str,
+    ids: &[&str],
+) -> PodResources {
+    PodResources {
+        name: name.into(),
+        namespace: namespace.into(),
+        containers: vec![ContainerResources {
+            name: container.into(),
+            devices: vec![ContainerDevices {
+                resource_name: resource.into(),
+                device_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+                topology: None,
+            }],
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+pub struct PodResourcesStub {
+    stall: Arc<AtomicBool>,
+    stop: CancellationToken,
+}
+
+impl PodResourcesStub {
+    /// Serves `pods` on `socket`. Call inside a tokio runtime.
+    pub fn start(socket: &Path, pods: Vec<PodResources>) -> std::io::Result<Self> {
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let listener = uds::bind(socket)?;
+        let stall = Arc::new(AtomicBool::new(false));
+        let stop = CancellationToken::new();
+        let service = Lister {
+            pods,
+            stall: stall.clone(),
+        };
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(PodResourcesListerServer::new(service))
+                .serve_with_incoming_shutdown(
+                    UnixListenerStream::new(listener),
+                    stop.clone().cancelled_owned(),
+                ),
+        );
+        Ok(PodResourcesStub { stall, stop })
+    }
+
+    /// From now on `List` hangs, as an overloaded kubelet's would.
+    pub fn stall(&self) {
+        self.stall.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for PodResourcesStub {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+struct Lister {
+    pods: Vec<PodResources>,
+    stall: Arc<AtomicBool>,
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for Lister {
+    async fn list(
+        &self,
+        _: Request<ListPodResourcesRequest>,
+    ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        if self.stall.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        }
+        Ok(Response::new(ListPodResourcesResponse {
+            pod_resources: self.pods.clone(),
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<AllocatableResourcesRequest>,
+    ) -> Result<Response<AllocatableResourcesResponse>, Status> {
+        Err(Status::unimplemented("the plugin only lists"))
+    }
+
+    async fn get(
+        &self,
+        _: Request<GetPodResourcesRequest>,
+    ) -> Result<Response<GetPodResourcesResponse>, Status> {
+        Err(Status::unimplemented("the plugin only lists"))
+    }
+}

@@ -1,0 +1,133 @@
+//! The HTTP endpoint: `/metrics`, `/healthz` and `/readyz`, on plain HTTP/1.1.
+//!
+//! hyper alone serves three fixed paths; a router framework would add more to the binary than
+//! the endpoint has code.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::header::CONTENT_TYPE;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::{self, Metrics};
+use crate::lifecycle::PluginStatus;
+
+/// A client that has not sent its request head by then is dropped, so idle or stuck scrapers
+/// cannot pile up connections.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct Endpoint {
+    pub metrics: Metrics,
+    pub status: watch::Receiver<PluginStatus>,
+    /// Cancelled once the plugin's serving loop has ended.
+    pub stopped: CancellationToken,
+}
+
+/// Why the plugin is not ready, if it is not: the kubelet must hold a registration and an open
+/// ListAndWatch stream, or it cannot see the devices.
+pub fn readiness(status: &PluginStatus) -> Result<(), &'static str> {
+    if !status.registered {
+        Err("not registered with the kubelet")
+    } else if status.open_streams == 0 {
+        Err("registered, but the kubelet has no ListAndWatch stream open")
+    } else {
+        Ok(())
+    }
+}
+
+impl Endpoint {
+    async fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+        match request.uri().path() {
+            "/metrics" => {
+                let text = self.metrics.render().await;
+                reply(StatusCode::OK, metrics::CONTENT_TYPE, text)
+            }
+            "/healthz" if self.stopped.is_cancelled() => {
+                plain(StatusCode::SERVICE_UNAVAILABLE, "the plugin is stopping")
+            }
+            "/healthz" => plain(StatusCode::OK, "ok"),
+            "/readyz" => match readiness(&self.status.borrow()) {
+                Ok(()) => plain(StatusCode::OK, "ok"),
+                Err(reason) => plain(StatusCode::SERVICE_UNAVAILABLE, reason),
+            },
+            _ => plain(
+                StatusCode::NOT_FOUND,
+                "not found; try /metrics, /healthz or /readyz",
+            ),
+        }
+    }
+}
+
+fn plain(status: StatusCode, text: &str) -> Response<Full<Bytes>> {
+    reply(status, "text/plain; charset=utf-8", format!("{text}\n"))
+}
+
+fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, content_type.parse().expect("static header"));
+    response
+}
+
+/// Serves until `shutdown`; open connections are dropped then.
+pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>, shutdown: CancellationToken) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(err) => {
+                        // Out of descriptors, most likely: wait instead of spinning on it.
+                        tracing::debug!(error = %err, "accepting a metrics connection failed");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                };
+                let endpoint = endpoint.clone();
+                connections.spawn(async move {
+                    let service = service_fn(move |request: Request<Incoming>| {
+                        let endpoint = endpoint.clone();
+                        async move { Ok::<_, Infallible>(endpoint.respond(&request).await) }
+                    });
+                    let _ = http1::Builder::new()
+                        .timer(TokioTimer::new())
+                        .header_read_timeout(HEADER_TIMEOUT)
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_when_registered_with_a_stream_open() {
+        let mut status = PluginStatus::default();
+        assert_eq!(readiness(&status), Err("not registered with the kubelet"));
+        status.registered = true;
+        assert!(readiness(&status).unwrap_err().contains("ListAndWatch"));
+        status.open_streams = 1;
+        assert_eq!(readiness(&status), Ok(()));
+        status.registered = false;
+        assert!(readiness(&status).is_err());
+    }
+}

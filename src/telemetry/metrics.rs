@@ -1,0 +1,251 @@
+//! Prometheus metrics: the plugin's own state, Allocate outcomes, and the EFA hardware counters.
+//!
+//! Device and registration figures are read from the live state when scraped, so they cannot
+//! drift from what the kubelet is told. Only Allocate, which leaves no trace in that state,
+//! keeps counters of its own.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use super::counters::{self, DeviceCounters};
+use super::pod_resources::{Holders, PodResources};
+use crate::lifecycle::PluginStatus;
+use crate::state::DeviceState;
+
+/// The `Content-Type` of what [`Metrics::render`] returns.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+type ResultLabel = [(&'static str, &'static str); 1];
+
+/// What the Allocate path records: one counter increment and one histogram sample per call.
+#[derive(Clone)]
+pub struct AllocationMetrics {
+    outcomes: Family<ResultLabel, Counter>,
+    duration: Histogram,
+}
+
+impl Default for AllocationMetrics {
+    fn default() -> Self {
+        let outcomes = Family::default();
+        // Both series exist from the start, so `rate()` sees the first error as a change.
+        for result in ["ok", "error"] {
+            let _ = outcomes.get_or_create(&[("result", result)]);
+        }
+        AllocationMetrics {
+            outcomes,
+            // Allocate answers from memory in microseconds; the upper buckets catch a starved
+            // runtime. 25 µs … ~0.4 s.
+            duration: Histogram::new(exponential_buckets(25e-6, 4.0, 8)),
+        }
+    }
+}
+
+impl AllocationMetrics {
+    pub fn record(&self, ok: bool, elapsed: Duration) {
+        let result = if ok { "ok" } else { "error" };
+        self.outcomes.get_or_create(&[("result", result)]).inc();
+        self.duration.observe(elapsed.as_secs_f64());
+    }
+}
+
+/// Everything `/metrics` shows.
+pub struct Metrics {
+    registry: Registry,
+    state: DeviceState,
+    sysfs_root: PathBuf,
+    pods: PodResources,
+}
+
+impl Metrics {
+    pub fn new(
+        state: DeviceState,
+        status: watch::Receiver<PluginStatus>,
+        allocations: &AllocationMetrics,
+        sysfs_root: PathBuf,
+        pods: PodResources,
+    ) -> Self {
+        let mut registry = Registry::default();
+        registry.register(
+            "efa_device_plugin_allocations",
+            "Allocate calls answered, by result",
+            allocations.outcomes.clone(),
+        );
+        registry.register(
+            "efa_device_plugin_allocate_duration_seconds",
+            "Time to answer an Allocate call",
+            allocations.duration.clone(),
+        );
+        registry.register_collector(Box::new(PluginCollector {
+            state: state.clone(),
+            status,
+        }));
+        Metrics {
+            registry,
+            state,
+            sysfs_root,
+            pods,
+        }
+    }
+
+    /// The exposition text. Counters are read off the runtime thread, so a scrape never holds
+    /// up a gRPC call from the kubelet.
+    pub async fn render(&self) -> String {
+        let devices: Vec<(String, String)> = self
+            .state
+            .current()
+            .devices()
+            .map(|d| (d.efa.id.clone(), d.efa.ibdev.clone()))
+            .collect();
+        let sysfs_root = self.sysfs_root.clone();
+        let read = tokio::task::spawn_blocking(move || counters::read(&sysfs_root, &devices));
+        let (holders, read) = tokio::join!(self.pods.holders(), read);
+        let mut scrape = Registry::default();
+        scrape.register_collector(Box::new(HwCounters::new(
+            read.unwrap_or_default(),
+            &holders,
+        )));
+        let mut text = String::with_capacity(64 * 1024);
+        // Writing to a String cannot fail.
+        let _ = prometheus_text::encode(&mut text, &self.registry);
+        let _ = prometheus_text::encode(&mut text, &scrape);
+        text
+    }
+}
+
+/// Reads device health and registration figures from the live state at scrape time.
+struct PluginCollector {
+    state: DeviceState,
+    status: watch::Receiver<PluginStatus>,
+}
+
+impl fmt::Debug for PluginCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PluginCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for PluginCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let inventory = self.state.current();
+        let status = self.status.borrow().clone();
+        let healthy = inventory.healthy_count();
+        let unhealthy = inventory.devices().len() - healthy;
+
+        let mut devices = encoder.encode_descriptor(
+            "efa_device_plugin_devices",
+            "EFA devices advertised to the kubelet, by health; allocatable = healthy",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (health, count) in [("healthy", healthy), ("unhealthy", unhealthy)] {
+            ConstGauge::new(count as i64).encode(devices.encode_family(&[("health", health)])?)?;
+        }
+        let counters = [
+            (
+                "efa_device_plugin_registrations",
+                "Successful registrations with the kubelet",
+                status.registrations,
+            ),
+            (
+                "efa_device_plugin_kubelet_restarts",
+                "Kubelet restarts seen (a new kubelet.sock after a registration)",
+                status.kubelet_restarts,
+            ),
+        ];
+        for (name, help, value) in counters {
+            ConstCounter::new(value).encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                MetricType::Counter,
+            )?)?;
+        }
+        let mut build = encoder.encode_descriptor(
+            "efa_device_plugin_build_info",
+            "Always 1; the labels describe the running build",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(1i64)
+            .encode(build.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
+        ConstGauge::new(i64::from(inventory.conflict().is_some())).encode(
+            encoder.encode_descriptor(
+                "efa_device_plugin_dra_conflict",
+                "1 while an EFA DRA driver is registered on the node and every device is withheld",
+                None,
+                MetricType::Gauge,
+            )?,
+        )?;
+        Ok(())
+    }
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// One scrape's hardware counters, grouped by counter name as the exposition format wants.
+#[derive(Debug)]
+struct HwCounters {
+    by_name: BTreeMap<String, Vec<(Labels, u64)>>,
+}
+
+impl HwCounters {
+    fn new(read: Vec<DeviceCounters>, holders: &Holders) -> Self {
+        let mut by_name: BTreeMap<String, Vec<(Labels, u64)>> = BTreeMap::new();
+        for device in read {
+            let labels = device_labels(&device, holders);
+            for (name, value) in device.values {
+                by_name
+                    .entry(name)
+                    .or_default()
+                    .push((labels.clone(), value));
+            }
+        }
+        HwCounters { by_name }
+    }
+}
+
+/// `device` and `ibdev`, plus the holder when a pod has the device. A device shared by several
+/// containers names them all, comma-separated in the same order, so its one series still sums
+/// correctly.
+fn device_labels(device: &DeviceCounters, holders: &Holders) -> Labels {
+    let mut labels = vec![
+        ("device", device.device.clone()),
+        ("ibdev", device.ibdev.clone()),
+    ];
+    if let Some(list) = holders.get(&device.device).filter(|l| !l.is_empty()) {
+        let join = |field: fn(&super::pod_resources::Holder) -> &str| {
+            list.iter().map(field).collect::<Vec<_>>().join(",")
+        };
+        labels.push(("namespace", join(|h| &h.namespace)));
+        labels.push(("pod", join(|h| &h.pod)));
+        labels.push(("container", join(|h| &h.container)));
+    }
+    labels
+}
+
+impl Collector for HwCounters {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        for (name, series) in &self.by_name {
+            let metric = format!("efa_{name}");
+            let help = format!("EFA hardware counter {name} (sysfs hw_counters)");
+            let mut family =
+                encoder.encode_descriptor(&metric, &help, None, MetricType::Counter)?;
+            for (labels, value) in series {
+                ConstCounter::new(*value).encode(family.encode_family(labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,189 @@
+//! The DRA-conflict guard of the real binary: a DRA driver's registration socket withholds every
+//! EFA, its removal gives them back, and `--allow-dra-coexistence` turns the guard off.
+
+mod support;
+
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+
+use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
+use efa_device_plugin::simulate::Shape;
+use support::{Harness, sample};
+use tonic::Code;
+
+fn registry(h: &Harness) -> PathBuf {
+    let dir = h.root.path().join("plugins_registry");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// What DRANET leaves in the kubelet's plugins_registry while it runs.
+fn register_dranet(h: &Harness) -> (UnixListener, PathBuf) {
+    let socket = registry(h).join("dra.net-reg.sock");
+    (UnixListener::bind(&socket).unwrap(), socket)
+}
+
+fn conflict(text: &str) -> Option<f64> {
+    sample(text, "efa_device_plugin_dra_conflict")
+}
+
+#[tokio::test]
+async fn a_registered_dra_driver_withholds_every_device_until_it_goes() {
+    let mut h = Harness::new(Shape::P4d);
+    // Another driver's registration is no conflict.
+    let _gpu = UnixListener::bind(registry(&h).join("gpu.nvidia.com-reg.sock")).unwrap();
+    h.spawn_plugin(&["--log-format", "json"]);
+    h.registered().await;
+    let id = h.efas()[0].bdf.clone();
+
+    let (_dranet, socket) = register_dranet(&h);
+    let view = h
+        .wait("every device withheld", |v| {
+            v.healthy() == 0 && v.devices.len() == 4
+        })
+        .await;
+    assert!(view.stream_open, "capacity stays advertised");
+    let text = h
+        .scrape_until("the conflict metric", |t| conflict(t) == Some(1.0))
+        .await;
+    assert_eq!(
+        sample(&text, "efa_device_plugin_devices{health=\"unhealthy\"}"),
+        Some(4.0)
+    );
+    let refused = h
+        .kubelet
+        .plugin()
+        .unwrap()
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec![id.clone()],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("dra.net"),
+        "{}",
+        refused.message()
+    );
+
+    std::fs::remove_file(&socket).unwrap();
+    h.wait("devices back", |v| v.healthy() == 4).await;
+    h.scrape_until("the conflict's end", |t| conflict(t) == Some(0.0))
+        .await;
+
+    let log = h.plugin_log();
+    let starts = log.matches("every EFA is withheld from allocation").count();
+    assert_eq!(starts, 1, "the start is logged once\n{log}");
+    let ends = log.matches("devices are advertised again").count();
+    assert_eq!(ends, 1, "the end is logged once\n{log}");
+    let line = log.lines().find(|l| l.contains("withheld")).unwrap();
+    let line: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(line["level"], "ERROR");
+    assert!(
+        line["conflict"]
+            .as_str()
+            .unwrap()
+            .contains("dra.net-reg.sock")
+    );
+}
+
+#[tokio::test]
+async fn a_driver_present_at_start_means_no_device_is_ever_allocatable() {
+    let mut h = Harness::new(Shape::P4d);
+    let (_dranet, _) = register_dranet(&h);
+    h.spawn_plugin(&[]);
+    let view = h.registered().await;
+    assert_eq!(view.healthy(), 0);
+    assert_eq!(
+        view.snapshots, 1,
+        "the first snapshot already withheld them"
+    );
+}
+
+#[tokio::test]
+async fn coexistence_can_be_allowed_and_the_driver_list_configured() {
+    let mut h = Harness::new(Shape::P4d);
+    let (_dranet, _) = register_dranet(&h);
+    h.spawn_plugin(&["--allow-dra-coexistence"]);
+    assert_eq!(h.registered().await.healthy(), 4);
+    let text = h.get("/metrics").await.1;
+    assert_eq!(conflict(&text), Some(0.0));
+    h.terminate_plugin();
+
+    let _other = UnixListener::bind(registry(&h).join("efa.example.com-reg.sock")).unwrap();
+    h.spawn_plugin(&["--dra-drivers", "efa.example.com"]);
+    h.wait("the configured driver's conflict", |v| {
+        v.stream_open && v.devices.len() == 4 && v.healthy() == 0
+    })
+    .await;
+}
+
+#[test]
+fn the_driver_list_and_the_override_come_from_flags_env_or_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "dra-drivers: [dra.net, efa.example.com]\nallow-dra-coexistence: true\n",
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let effective = |args: &[&str], env: &[(&str, &str)]| {
+        let mut all = vec!["--config", &config];
+        all.extend(args);
+        all.push("config");
+        let (code, stdout, stderr) = support::run_binary(&all, env);
+        assert_eq!(code, 0, "{stderr}");
+        serde_yaml::from_str::<serde_yaml::Value>(&stdout).unwrap()
+    };
+    let from_file = effective(&[], &[]);
+    assert_eq!(from_file["dra-drivers"][1], "efa.example.com");
+    assert_eq!(from_file["allow-dra-coexistence"], true);
+    let from_env = effective(
+        &[],
+        &[
+            ("EFA_DP_DRA_DRIVERS", "a.example, b.example"),
+            ("EFA_DP_ALLOW_DRA_COEXISTENCE", "false"),
+        ],
+    );
+    assert_eq!(from_env["dra-drivers"][0], "a.example");
+    assert_eq!(from_env["dra-drivers"][1], "b.example");
+    assert_eq!(from_env["allow-dra-coexistence"], false);
+
+    let (code, _, stderr) = support::run_binary(&["--dra-drivers", "dra.net/efa"], &[]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("--dra-drivers"), "{stderr}");
+}
+
+/// CPU time (user + system, in clock ticks) the process has used so far.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th.
+    let after = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap()
+}
+
+#[tokio::test]
+async fn the_registry_dir_may_come_and_go() {
+    let mut h = Harness::new(Shape::P4d);
+    let pid = h.spawn_plugin(&[]);
+    h.registered().await;
+    let (_dranet, _) = register_dranet(&h);
+    h.wait("the conflict in a late dir", |v| v.healthy() == 0)
+        .await;
+    std::fs::remove_dir_all(registry(&h)).unwrap();
+    h.wait("the conflict's end with its dir", |v| v.healthy() == 4)
+        .await;
+
+    // With the dir gone the guard falls back to its periodic look, and idles.
+    let before = cpu_ticks(pid);
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let used = cpu_ticks(pid) - before;
+    assert!(used < 20, "{used} ticks in one idle second");
+    let (_again, _) = register_dranet(&h);
+    h.wait("the conflict in the recreated dir", |v| v.healthy() == 0)
+        .await;
+}

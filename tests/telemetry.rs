@@ -1,0 +1,303 @@
+//! The HTTP endpoint of the real binary: metrics, probes and pod attribution follow what the
+//! kubelet and the node do.
+
+mod support;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use efa_device_plugin::pod_resources_stub::{PodResourcesStub, pod};
+use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
+use efa_device_plugin::simulate::{FakeDevice, Shape};
+use support::{Harness, sample};
+
+fn hw(name: &str, device: &FakeDevice) -> String {
+    format!(
+        "efa_{name}_total{{device=\"{}\",ibdev=\"{}\"}}",
+        device.bdf, device.ibdev
+    )
+}
+
+fn devices(text: &str, health: &str) -> Option<f64> {
+    sample(
+        text,
+        &format!("efa_device_plugin_devices{{health=\"{health}\"}}"),
+    )
+}
+
+/// Scrapes until the registration and kubelet-restart counters reach these values.
+async fn registrations(h: &Harness, registrations: u64, restarts: u64) -> String {
+    let what = format!("{registrations} registrations and {restarts} kubelet restarts");
+    h.scrape_until(&what, |t| {
+        sample(t, "efa_device_plugin_registrations_total") == Some(registrations as f64)
+            && sample(t, "efa_device_plugin_kubelet_restarts_total") == Some(restarts as f64)
+    })
+    .await
+}
+
+async fn allocate(h: &Harness, ids: &[&str]) -> Result<(), tonic::Status> {
+    let mut client = h.kubelet.plugin().expect("plugin connection");
+    client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+            }],
+        })
+        .await
+        .map(drop)
+}
+
+#[tokio::test]
+async fn metrics_follow_registrations_restarts_allocations_and_failures() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    let efas: Vec<FakeDevice> = h.efas().into_iter().cloned().collect();
+
+    let text = registrations(&h, 1, 0).await;
+    assert_eq!(devices(&text, "healthy"), Some(4.0), "{text}");
+    assert_eq!(devices(&text, "unhealthy"), Some(0.0));
+    assert_eq!(
+        sample(&text, "efa_device_plugin_kubelet_restarts_total"),
+        Some(0.0)
+    );
+    assert_eq!(sample(&text, "efa_device_plugin_dra_conflict"), Some(0.0));
+    let build = format!(
+        "efa_device_plugin_build_info{{version=\"{}\"}}",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert_eq!(sample(&text, &build), Some(1.0));
+    assert!(text.contains("# TYPE efa_device_plugin_allocate_duration_seconds histogram"));
+    for efa in &efas {
+        assert_eq!(sample(&text, &hw("tx_bytes", efa)), Some(0.0), "{text}");
+        assert_eq!(sample(&text, &hw("submitted_cmds", efa)), Some(0.0));
+    }
+    assert!(!text.contains("lifespan"));
+
+    // Counters are read when scraped, never cached.
+    h.node
+        .set_port_counter(&efas[2], "tx_bytes", 987_654_321)
+        .unwrap();
+    let text = h.get("/metrics").await.1;
+    assert_eq!(
+        sample(&text, &hw("tx_bytes", &efas[2])),
+        Some(987_654_321.0)
+    );
+
+    allocate(&h, &[&efas[0].bdf]).await.unwrap();
+    allocate(&h, &["0000:ff:00.0"]).await.unwrap_err();
+    let text = h.get("/metrics").await.1;
+    let ok = "efa_device_plugin_allocations_total{result=\"ok\"}";
+    let error = "efa_device_plugin_allocations_total{result=\"error\"}";
+    assert_eq!(sample(&text, ok), Some(1.0), "{text}");
+    assert_eq!(sample(&text, error), Some(1.0));
+    assert_eq!(
+        sample(&text, "efa_device_plugin_allocate_duration_seconds_count"),
+        Some(2.0)
+    );
+
+    h.kubelet.restart().await.unwrap();
+    h.registered().await;
+    registrations(&h, 2, 1).await;
+
+    let started = h.kubelet.view().borrow().streams_started;
+    h.kubelet.end_stream();
+    h.wait("registration after the stream end", |v| {
+        v.streams_started > started && v.stream_open
+    })
+    .await;
+    // A stream end is not a kubelet restart.
+    registrations(&h, 3, 1).await;
+
+    h.node.remove_node(&efas[1]).unwrap();
+    h.scrape_until("the failed device", |t| {
+        devices(t, "unhealthy") == Some(1.0) && devices(t, "healthy") == Some(3.0)
+    })
+    .await;
+    h.node.create_node(&efas[1]).unwrap();
+    h.scrape_until("the recovery", |t| devices(t, "healthy") == Some(4.0))
+        .await;
+}
+
+#[tokio::test]
+async fn probes_follow_the_registration() {
+    let mut h = Harness::new(Shape::P4d);
+    // A device-plugin dir without a kubelet: alive, but not ready.
+    let lonely = h.root.path().join("no-kubelet");
+    h.spawn_plugin(&["--device-plugin-dir", &lonely.display().to_string()]);
+    assert_eq!(h.get("/healthz").await, (200, "ok\n".into()));
+    let (status, reason) = h.get("/readyz").await;
+    assert_eq!(status, 503);
+    assert!(reason.contains("not registered"), "{reason}");
+    assert_eq!(h.get("/nope").await.0, 404);
+    h.terminate_plugin();
+
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    wait_ready(&h, 200).await;
+    assert_eq!(h.get("/healthz").await.0, 200);
+
+    // The kubelet's restart drops the registration until the plugin is back.
+    h.kubelet.restart().await.unwrap();
+    h.registered().await;
+    wait_ready(&h, 200).await;
+}
+
+async fn wait_ready(h: &Harness, expected: u16) {
+    let deadline = Instant::now() + support::TIMEOUT;
+    loop {
+        let (status, body) = h.get("/readyz").await;
+        if status == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "/readyz stayed {status}: {body}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn counters_carry_the_pod_that_holds_the_device() {
+    let mut h = Harness::new(Shape::P4d);
+    let efas: Vec<FakeDevice> = h.efas().into_iter().cloned().collect();
+    let socket: PathBuf = h.root.path().join("pod-resources/kubelet.sock");
+    let kubelet = PodResourcesStub::start(
+        &socket,
+        vec![
+            pod(
+                "ml",
+                "trainer-0",
+                "main",
+                "vpc.amazonaws.com/efa",
+                &[&efas[0].bdf],
+            ),
+            pod("ml", "gpu-only", "main", "nvidia.com/gpu", &[&efas[1].bdf]),
+        ],
+    )
+    .unwrap();
+    h.spawn_plugin(&["--pod-resources-socket", &socket.display().to_string()]);
+    h.registered().await;
+    h.node.set_port_counter(&efas[0], "rx_bytes", 4096).unwrap();
+
+    let held = format!(
+        "efa_rx_bytes_total{{device=\"{}\",ibdev=\"{}\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\"}}",
+        efas[0].bdf, efas[0].ibdev
+    );
+    let text = h
+        .scrape_until("pod labels", |t| sample(t, &held).is_some())
+        .await;
+    assert_eq!(sample(&text, &held), Some(4096.0));
+    assert_eq!(
+        sample(&text, &hw("rx_bytes", &efas[1])),
+        Some(0.0),
+        "another resource's pod is not ours"
+    );
+
+    // A kubelet that does not answer costs the labels, not the scrape.
+    kubelet.stall();
+    let started = Instant::now();
+    let (status, text) = h.get("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        sample(&text, &hw("rx_bytes", &efas[0])),
+        Some(4096.0),
+        "{text}"
+    );
+    assert!(!text.contains("pod=\""));
+}
+
+/// The JSON log lines whose message is `message`.
+fn logged(h: &Harness, message: &str) -> Vec<serde_json::Value> {
+    h.plugin_log()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .filter(|line: &serde_json::Value| line["message"] == message)
+        .collect()
+}
+
+#[tokio::test]
+async fn logs_each_change_once_and_nothing_while_idle() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&["--log-format", "json"]);
+    h.registered().await;
+    let efa = h.efas()[1].clone();
+
+    // Scrapes, probes and several rescans and guard checks: none of it is news.
+    let before = h.plugin_log().lines().count();
+    for path in ["/metrics", "/healthz", "/readyz", "/metrics"] {
+        assert_eq!(h.get(path).await.0, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(h.plugin_log().lines().count(), before, "{}", h.plugin_log());
+
+    h.node.remove_node(&efa).unwrap();
+    h.wait("the failure", |v| v.healthy() == 3).await;
+    h.node.create_node(&efa).unwrap();
+    h.wait("the recovery", |v| v.healthy() == 4).await;
+    h.kubelet.restart().await.unwrap();
+    h.registered().await;
+    // Let further rescans pass: a change stays logged once.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    for message in ["device unhealthy", "device healthy again"] {
+        let lines = logged(&h, message);
+        assert_eq!(lines.len(), 1, "{message}\n{}", h.plugin_log());
+        assert_eq!(lines[0]["device"], efa.bdf.as_str());
+        assert_eq!(lines[0]["ibdev"], efa.ibdev.as_str());
+    }
+    let registrations = logged(&h, "registered with the kubelet");
+    assert_eq!(registrations.len(), 2, "{}", h.plugin_log());
+    assert_eq!(registrations[1]["kubelet_restarted"], true);
+}
+
+#[test]
+fn the_metrics_address_is_checked_configurable_and_can_be_off() {
+    let (code, _, stderr) = support::run_binary(&["--metrics-address", "localhost:9465"], &[]);
+    assert_ne!(code, 0);
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--metrics-address"), "{stderr}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "metrics-address: 127.0.0.1:19465\n").unwrap();
+    let config = config.display().to_string();
+    let effective = |env: &[(&str, &str)]| {
+        let (code, stdout, stderr) = support::run_binary(&["--config", &config, "config"], env);
+        assert_eq!(code, 0, "{stderr}");
+        let yaml: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+        yaml["metrics-address"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(effective(&[]), "127.0.0.1:19465");
+    assert_eq!(
+        effective(&[("EFA_DP_METRICS_ADDRESS", "")]),
+        "",
+        "empty disables"
+    );
+}
+
+#[test]
+fn a_taken_metrics_port_stops_the_start_and_names_the_flag() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().display().to_string();
+    let (code, _, stderr) = support::run_binary(
+        &[
+            "--device-plugin-dir",
+            &plugins,
+            "--metrics-address",
+            &address,
+        ],
+        &[],
+    );
+    assert_ne!(code, 0);
+    let last = stderr.trim().lines().last().unwrap_or_default();
+    assert!(
+        last.contains(&format!("--metrics-address {address}")),
+        "{stderr}"
+    );
+}
