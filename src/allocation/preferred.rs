@@ -258,6 +258,11 @@ impl Node {
                 start = end;
             }
         }
+        // A lone part needs no merge: its table already is this node's. Chains of single
+        // bridges are the common case (root port above one switch above one device).
+        if parts.len() == 1 {
+            return parts.remove(0);
+        }
         Node::merge(parts, want)
     }
 
@@ -474,15 +479,32 @@ mod tests {
         }
     }
 
+    /// Too large for brute force, but the optimum is known: a full node packs `k` EFAs into
+    /// ceil(k / per NUMA node) NUMA nodes and ceil(k / per root) roots.
     #[test]
-    fn half_a_p5_is_one_numa_node() {
-        let inv = inventory(Shape::P5);
-        let all = advertised(&inv, Sharing::default());
-        let half = ask(&inv, Sharing::default(), &all, &[], 16);
-        assert!(
-            half.iter()
-                .all(|id| efa(&inv, Sharing::default(), id).numa_node == Some(0))
-        );
+    fn full_nodes_pack_every_size_tightly() {
+        for (shape, per_numa, per_root) in [
+            (Shape::P5, 16, 4),
+            (Shape::P5en, 8, 2),
+            (Shape::Trn2, 8, 4),
+            (Shape::Dense256, 128, 16),
+        ] {
+            let inv = inventory(shape);
+            let all = advertised(&inv, Sharing::default());
+            for k in 1..=all.len() {
+                let answer = ask(&inv, Sharing::default(), &all, &[], k as i32);
+                let numa: BTreeSet<Option<u32>> = answer
+                    .iter()
+                    .map(|id| efa(&inv, Sharing::default(), id).numa_node)
+                    .collect();
+                assert_eq!(numa.len(), k.div_ceil(per_numa), "{shape:?} k={k}");
+                assert_eq!(
+                    roots(&inv, &answer).len(),
+                    k.div_ceil(per_root),
+                    "{shape:?} k={k}"
+                );
+            }
+        }
     }
 
     #[test]

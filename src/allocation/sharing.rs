@@ -69,6 +69,12 @@ impl Sharing {
     }
 }
 
+/// The EFA an advertised ID names, whatever the replica count it was advertised under: for
+/// readers such as pod attribution, which see IDs the kubelet checkpointed long ago.
+pub fn device_of(id: &str) -> &str {
+    id.rsplit_once(SEPARATOR).map_or(id, |(device, _)| device)
+}
+
 /// Parses a replica count as given on the command line, in the environment or in the file.
 pub fn parse_replicas(text: &str) -> Result<NonZeroU32, String> {
     let invalid = |why: &str| format!("invalid replica count {text:?}: {why}");
@@ -127,6 +133,12 @@ mod tests {
         ] {
             assert_eq!(sharing.parse(id), None, "{id}");
         }
+    }
+
+    #[test]
+    fn device_of_reads_both_spellings() {
+        assert_eq!(device_of("0000:10:1b.0"), "0000:10:1b.0");
+        assert_eq!(device_of("0000:10:1b.0::3"), "0000:10:1b.0");
     }
 
     #[test]
