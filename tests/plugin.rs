@@ -312,15 +312,12 @@ async fn kubelet_restarts_leak_nothing() {
         })
         .await;
     }
-    let (fds_after, tasks_after) = fds_and_tasks(pid);
-    assert!(
-        fds_after <= fds_before,
-        "fds grew from {fds_before} to {fds_after}"
-    );
-    assert!(
-        tasks_after <= tasks_before,
-        "tasks grew from {tasks_before} to {tasks_after}"
-    );
+    // The last restart's old connection may still be closing; a leak would not go away.
+    support::eventually("fds and tasks back to their baseline", || {
+        let (fds, tasks) = fds_and_tasks(pid);
+        fds <= fds_before && tasks <= tasks_before
+    })
+    .await;
 }
 
 #[tokio::test]
