@@ -75,6 +75,7 @@ impl Plugin {
                 Allocator::new(vec![Box::new(DeviceNodes {
                     dev_root: settings.dev_root.clone(),
                 })])
+                .with_sharing(settings.sharing)
                 .with_metrics(allocations),
             ),
             status: self.status.clone(),
@@ -152,6 +153,9 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
     crate::telemetry::init_logging(settings.log_format, &settings.log_level)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        // sysfs reads run on the blocking pool for milliseconds every rescan; an idle plugin
+        // should not keep their threads around.
+        .thread_keep_alive(std::time::Duration::from_secs(2))
         .build()?;
     runtime.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};

@@ -12,6 +12,8 @@ use clap::parser::ValueSource;
 use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use serde::{Deserialize, Serialize};
 
+use crate::allocation::sharing::{Sharing, parse_replicas};
+
 #[derive(Parser, Debug)]
 #[command(
     name = "efa-device-plugin",
@@ -124,6 +126,16 @@ pub struct Options {
         global = true
     )]
     pub log_level: String,
+    /// Advertise each EFA as this many IDs, so that many containers can share it (1: no sharing).
+    #[arg(
+        long,
+        env = "EFA_DP_SHARING_REPLICAS",
+        default_value = "1",
+        value_name = "N",
+        value_parser = parse_replicas,
+        global = true
+    )]
+    pub sharing_replicas: std::num::NonZeroU32,
     /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; empty disables it.
     #[arg(
         long,
@@ -212,6 +224,15 @@ struct FileConfig {
     dra_drivers: Option<Vec<String>>,
     allow_dra_coexistence: Option<bool>,
     nfd_features_file: Option<PathBuf>,
+    sharing: Option<FileSharing>,
+}
+
+/// `sharing:` in the config file, grouped because more sharing knobs may follow.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileSharing {
+    /// Kept as YAML so `replicas: 0` and `replicas: four` get the flag's own message.
+    replicas: Option<serde_yaml::Value>,
 }
 
 /// The validated configuration the plugin runs with.
@@ -226,6 +247,7 @@ pub struct Settings {
     pub rescan_interval: Duration,
     pub log_format: LogFormat,
     pub log_level: String,
+    pub sharing: Sharing,
     #[serde(serialize_with = "serialize_optional")]
     pub metrics_address: Option<SocketAddr>,
     pub pod_resources_socket: PathBuf,
@@ -248,6 +270,7 @@ impl Default for Settings {
             rescan_interval: o.rescan_interval,
             log_format: o.log_format,
             log_level: o.log_level,
+            sharing: Sharing::replicas(o.sharing_replicas),
             metrics_address: o.metrics_address,
             pod_resources_socket: o.pod_resources_socket,
             plugins_registry_dir: o.plugins_registry_dir,
@@ -419,13 +442,25 @@ impl Merge<'_> {
         from_file: Option<String>,
         parse: impl Fn(&str) -> Result<T, String>,
     ) -> Result<T, ConfigError> {
+        self.pick_nested(key, key, given, from_file, parse)
+    }
+
+    /// Like [`Merge::pick`] for a setting the file spells differently, e.g. `sharing.replicas`.
+    fn pick_nested<T>(
+        &self,
+        key: &str,
+        file_key: &str,
+        given: T,
+        from_file: Option<String>,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
         let id = key.replace('-', "_");
         if self.matches.value_source(&id) != Some(ValueSource::DefaultValue) {
             return Ok(given);
         }
         match (from_file, self.path) {
             (Some(text), Some(path)) => parse(&text)
-                .map_err(|err| ConfigError(format!("{}: {err}", Origin::File(path, key)))),
+                .map_err(|err| ConfigError(format!("{}: {err}", Origin::File(path, file_key)))),
             _ => Ok(given),
         }
     }
@@ -525,6 +560,17 @@ fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, Co
             file.log_level,
             |text| Ok(text.to_owned()),
         )?,
+        sharing: Sharing::replicas(
+            merge.pick_nested(
+                "sharing-replicas",
+                "sharing.replicas",
+                options.sharing_replicas,
+                file.sharing
+                    .and_then(|sharing| sharing.replicas)
+                    .map(|value| yaml_scalar(&value)),
+                parse_replicas,
+            )?,
+        ),
         metrics_address: merge.pick(
             "metrics-address",
             options.metrics_address,
@@ -569,4 +615,71 @@ fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, Co
         ))
     })?;
     Ok(settings)
+}
+
+/// A YAML scalar as the text a flag would carry, so the file is parsed like the flag.
+fn yaml_scalar(value: &serde_yaml::Value) -> String {
+    match value {
+        serde_yaml::Value::String(text) => text.clone(),
+        other => serde_yaml::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resource_names_follow_the_kubelet() {
+        for good in [
+            "vpc.amazonaws.com/efa",
+            "example.com/efa_shared",
+            "a.b/c.d-e",
+        ] {
+            assert_eq!(validate_resource_name(good), Ok(()), "{good}");
+        }
+        let long = format!("example.com/{}", "x".repeat(64));
+        for bad in [
+            "efa",
+            "kubernetes.io/efa",
+            "node.kubernetes.io/efa",
+            "requests.example.com/efa",
+            "Example.com/efa",
+            "example.com/",
+            "/efa",
+            "example.com/efa-",
+            "exa_mple.com/efa",
+            long.as_str(),
+        ] {
+            assert!(validate_resource_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn intervals_parse_like_the_docs_say() {
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_interval("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("fast").is_err());
+        assert!(parse_interval("").is_err());
+    }
+
+    #[test]
+    fn an_empty_config_file_means_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("empty.yaml");
+        std::fs::write(&path, "\n").unwrap();
+        let (_, settings) = parse([
+            "efa-device-plugin",
+            "--config",
+            path.to_str().unwrap(),
+            "config",
+        ])
+        .unwrap();
+        assert_eq!(settings, Settings::default());
+    }
 }

@@ -1,6 +1,7 @@
 //! `efa-device-plugin demo`: the real plugin against a simulated p5.48xlarge and an in-process
 //! kubelet stand-in, over real Unix sockets, for a newcomer without EFA hardware.
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use anyhow::{Context, anyhow};
@@ -9,8 +10,11 @@ use tokio_util::sync::CancellationToken;
 use crate::app::Plugin;
 use crate::config::Settings;
 use crate::kubelet_stub::{KubeletStub, KubeletView};
-use crate::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest, HEALTHY};
-use crate::simulate::{FakeNode, Nodes, Shape};
+use crate::proto::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, HEALTHY,
+    PreferredAllocationRequest,
+};
+use crate::simulate::{FakeDevice, FakeNode, Nodes, Shape};
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -80,10 +84,33 @@ async fn story(root: &std::path::Path) -> anyhow::Result<()> {
             println!("  {:<14} {:<10} {numa}", device.id, device.health);
         }
 
-        let chosen: Vec<String> = view.devices.iter().take(4).map(|d| d.id.clone()).collect();
         let mut client = kubelet
             .plugin()
             .ok_or_else(|| anyhow!("no plugin connection"))?;
+        // As the kubelet does before every allocation: offer the free devices, ask for 4.
+        let offered: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
+        let preferred = client
+            .get_preferred_allocation(PreferredAllocationRequest {
+                container_requests: vec![ContainerPreferredAllocationRequest {
+                    available_device_i_ds: offered.clone(),
+                    must_include_device_i_ds: Vec::new(),
+                    allocation_size: 4,
+                }],
+            })
+            .await?
+            .into_inner();
+        let chosen: Vec<String> = preferred
+            .container_responses
+            .into_iter()
+            .flat_map(|c| c.device_i_ds)
+            .collect();
+        let placed: Vec<&FakeDevice> = devices.iter().filter(|d| chosen.contains(&d.bdf)).collect();
+        let numa: BTreeSet<i32> = placed.iter().map(|d| d.numa).collect();
+        let roots: BTreeSet<&String> = placed.iter().filter_map(|d| d.parents.first()).collect();
+        println!(
+            "\n[kubelet] GetPreferredAllocation: 4 of {} offered -> {chosen:?}\n  NUMA nodes {numa:?}, PCIe roots {roots:?}",
+            offered.len()
+        );
         let response = client
             .allocate(AllocateRequest {
                 container_requests: vec![ContainerAllocateRequest {

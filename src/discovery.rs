@@ -101,6 +101,7 @@ pub fn scan(sysfs_root: &Path) -> Scan {
             return result;
         }
     };
+    let devices_dir = sysfs_root.join("devices");
     for entry in entries.flatten() {
         let ibdev = entry.file_name().to_string_lossy().into_owned();
         let dir = entry.path();
@@ -108,7 +109,7 @@ pub fn scan(sysfs_root: &Path) -> Scan {
             Some(driver) if driver == EFA_DRIVER => {}
             _ => continue,
         }
-        match read_efa(sysfs_root, &dir, &ibdev) {
+        match read_efa(&devices_dir, &dir, &ibdev) {
             Ok(efa) => result.devices.push(efa),
             Err(reason) => result.problems.push(Problem {
                 entry: ibdev,
@@ -127,10 +128,10 @@ fn driver_of(ibdev_dir: &Path) -> Option<String> {
     Some(target.file_name()?.to_string_lossy().into_owned())
 }
 
-fn read_efa(sysfs_root: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Efa, String> {
+fn read_efa(devices_dir: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Efa, String> {
     let function = ibdev_dir.join("device");
-    let id = fs::read_link(&function)
-        .map_err(|err| format!("device link: {err}"))?
+    let function_link = fs::read_link(&function).map_err(|err| format!("device link: {err}"))?;
+    let id = function_link
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .ok_or("device link has no file name")?;
@@ -143,7 +144,7 @@ fn read_efa(sysfs_root: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Efa, Str
         Err(_) => None,
     };
     Ok(Efa {
-        pci_path: pci_path(sysfs_root, &function)?,
+        pci_path: pci_path(devices_dir, ibdev_dir, &function_link),
         id,
         ibdev: ibdev.to_owned(),
         uverbs,
@@ -181,15 +182,161 @@ fn parse_numa(text: &str) -> Result<Option<u32>, String> {
     Ok(u32::try_from(node).ok())
 }
 
-fn pci_path(sysfs_root: &Path, function: &Path) -> Result<String, String> {
-    let real = fs::canonicalize(function).map_err(|err| format!("device link: {err}"))?;
-    let devices = fs::canonicalize(sysfs_root.join("devices")).unwrap_or_else(|_| PathBuf::new());
-    let below = real.strip_prefix(&devices).unwrap_or(&real);
-    Ok(below.to_string_lossy().trim_start_matches('/').to_owned())
+/// The PCI function's path below `<sysfs>/devices`, resolved from the two links the kernel made
+/// (`class/infiniband/<ibdev>` and its `device`) without touching the disk again: sysfs links
+/// are relative and stay inside sysfs, so `..` can be folded lexically. Scans run often, and a
+/// full `canonicalize` costs a syscall per path component.
+fn pci_path(devices_dir: &Path, class_entry: &Path, function_link: &Path) -> String {
+    let ibdev_real = match fs::read_link(class_entry) {
+        Ok(target) => fold(&class_entry.parent().unwrap_or(Path::new("/")).join(target)),
+        Err(_) => fold(class_entry),
+    };
+    let function = fold(&ibdev_real.join(function_link));
+    let devices = fold(devices_dir);
+    let below = function.strip_prefix(&devices).unwrap_or(&function);
+    below.to_string_lossy().trim_start_matches('/').to_owned()
+}
+
+/// Removes `.` and folds `..` components without following links.
+fn fold(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let mut out = PathBuf::new();
+    for part in path.components() {
+        match part {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out
 }
 
 fn read_trimmed(path: &Path) -> Result<String, String> {
     fs::read_to_string(path)
         .map(|text| text.trim().to_owned())
         .map_err(|err| format!("{}: {err}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::{self, FakeNode, Nodes, Shape};
+
+    fn scan_shape(shape: Shape) -> (tempfile::TempDir, FakeNode, Scan) {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, _) = FakeNode::build(dir.path(), shape, Nodes::Files).unwrap();
+        let found = scan(&node.sysfs);
+        (dir, node, found)
+    }
+
+    #[test]
+    fn every_shape_yields_exactly_its_efas() {
+        for shape in [
+            Shape::P4d,
+            Shape::P5,
+            Shape::P5en,
+            Shape::P6B200,
+            Shape::Trn2,
+            Shape::Bottlerocket,
+            Shape::G5,
+            Shape::NoEfa,
+            Shape::NoClassDir,
+            Shape::Dense256,
+        ] {
+            let (_dir, _node, found) = scan_shape(shape);
+            let mut want: Vec<_> = simulate::devices(shape)
+                .into_iter()
+                .filter(|d| d.is_efa())
+                .collect();
+            want.sort_by(|a, b| a.bdf.cmp(&b.bdf));
+            assert!(found.problems.is_empty(), "{shape:?}: {:?}", found.problems);
+            assert_eq!(found.devices.len(), want.len(), "{shape:?}");
+            for (efa, fake) in found.devices.iter().zip(&want) {
+                assert_eq!(efa.id, fake.bdf);
+                assert_eq!(efa.ibdev, fake.ibdev);
+                assert_eq!(efa.uverbs, fake.uverbs_name());
+                assert_eq!(efa.dev, fake.dev);
+                assert_eq!(efa.numa_node, u32::try_from(fake.numa).ok());
+                assert_eq!(efa.vendor, "0x1d0f");
+                assert!(efa.pci_path.ends_with(&fake.bdf), "{}", efa.pci_path);
+                assert!(efa.pci_path.starts_with("pci"), "{}", efa.pci_path);
+            }
+        }
+    }
+
+    #[test]
+    fn p5_uverbs_numbers_are_not_in_name_order() {
+        let (_dir, _node, found) = scan_shape(Shape::P5);
+        let numbers: Vec<u32> = found
+            .devices
+            .iter()
+            .map(|d| d.uverbs.trim_start_matches("uverbs").parse().unwrap())
+            .collect();
+        let mut sorted = numbers.clone();
+        sorted.sort();
+        assert_ne!(numbers, sorted);
+    }
+
+    #[test]
+    fn dense_node_keeps_the_dynamic_major_from_sysfs() {
+        let (_dir, _node, found) = scan_shape(Shape::Dense256);
+        assert_eq!(found.devices.len(), 256);
+        assert!(found.devices.iter().any(|d| d.dev.major != 231));
+        let mut numbers: Vec<DevNum> = found.devices.iter().map(|d| d.dev).collect();
+        numbers.sort();
+        numbers.dedup();
+        assert_eq!(numbers.len(), 256);
+    }
+
+    #[test]
+    fn malformed_entries_are_reported_and_skipped() {
+        let (_dir, node, _) = scan_shape(Shape::P4d);
+        let device_of = |ibdev: &str| {
+            node.sysfs
+                .join("class/infiniband")
+                .join(ibdev)
+                .join("device")
+        };
+        // A garbled dev file, a missing verbs dir, a non-numeric NUMA node.
+        std::fs::write(
+            device_of("rdmap16s27").join("infiniband_verbs/uverbs0/dev"),
+            "garbage\n",
+        )
+        .unwrap();
+        std::fs::remove_dir_all(device_of("rdmap32s27").join("infiniband_verbs")).unwrap();
+        std::fs::write(device_of("rdmap144s27").join("numa_node"), "zero\n").unwrap();
+        let found = scan(&node.sysfs);
+        assert_eq!(found.devices.len(), 1);
+        assert_eq!(found.devices[0].ibdev, "rdmap160s27");
+        let reasons: Vec<String> = found.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        assert!(reasons[0].contains("rdmap144s27") && reasons[0].contains("numa_node"));
+        assert!(reasons[1].contains("rdmap16s27") && reasons[1].contains("major:minor"));
+        assert!(reasons[2].contains("rdmap32s27") && reasons[2].contains("infiniband_verbs"));
+    }
+
+    #[test]
+    fn a_plain_file_in_the_class_dir_is_ignored() {
+        let (_dir, node, _) = scan_shape(Shape::G5);
+        std::fs::write(node.sysfs.join("class/infiniband/stray"), "x").unwrap();
+        let found = scan(&node.sysfs);
+        assert_eq!(found.devices.len(), 1);
+        assert!(found.problems.is_empty());
+    }
+
+    #[test]
+    fn dev_numbers_parse_strictly() {
+        assert_eq!(
+            "231:192\n".parse::<DevNum>(),
+            Ok(DevNum {
+                major: 231,
+                minor: 192
+            })
+        );
+        for bad in ["231", "231:", ":1", "a:b", "231:192:1", "-1:3"] {
+            assert!(bad.parse::<DevNum>().is_err(), "{bad}");
+        }
+    }
 }

@@ -63,6 +63,12 @@ pub struct Lifecycle {
     pub status: Arc<watch::Sender<PluginStatus>>,
 }
 
+enum Attempt {
+    Registered(Generation),
+    Failed(anyhow::Error),
+    Shutdown,
+}
+
 /// One served socket and its server task.
 struct Generation {
     stop: CancellationToken,
@@ -128,10 +134,11 @@ impl Lifecycle {
                 continue;
             }
             waiting_logged = false;
-            let generation = match self.serve() {
-                Ok(generation) => generation,
-                Err(err) => {
-                    tracing::error!(error = %format!("{err:#}"), "cannot serve the plugin socket");
+            let generation = match self.attempt(&shutdown).await {
+                Attempt::Registered(generation) => generation,
+                Attempt::Shutdown => return Ok(()),
+                Attempt::Failed(err) => {
+                    tracing::warn!(error = %format!("{err:#}"), retry_in = ?retry, "registration with the kubelet failed");
                     if !self
                         .wait_for_kubelet(&mut watch, Some(retry), &shutdown)
                         .await
@@ -142,27 +149,6 @@ impl Lifecycle {
                     continue;
                 }
             };
-            let registered = tokio::select! {
-                _ = shutdown.cancelled() => {
-                    generation.stop().await;
-                    return Ok(());
-                }
-                result = tokio::time::timeout(REGISTER_TIMEOUT, self.register()) => {
-                    result.unwrap_or_else(|_| Err(anyhow::anyhow!("Register timed out after {REGISTER_TIMEOUT:?}")))
-                }
-            };
-            if let Err(err) = registered {
-                tracing::warn!(error = %format!("{err:#}"), retry_in = ?retry, "registration with the kubelet failed");
-                generation.stop().await;
-                if !self
-                    .wait_for_kubelet(&mut watch, Some(retry), &shutdown)
-                    .await
-                {
-                    return Ok(());
-                }
-                retry = (retry * 2).min(LAST_RETRY);
-                continue;
-            }
             retry = FIRST_RETRY;
             let restarted = last_kubelet.is_some_and(|last| Some(last) != kubelet);
             last_kubelet = kubelet;
@@ -210,6 +196,30 @@ impl Lifecycle {
             tokio::select! {
                 _ = shutdown.cancelled() => return None,
                 _ = tokio::time::sleep(LAST_RETRY) => {}
+            }
+        }
+    }
+
+    /// Serves a fresh socket and registers it; a failed attempt leaves no server behind.
+    async fn attempt(&self, shutdown: &CancellationToken) -> Attempt {
+        let generation = match self.serve() {
+            Ok(generation) => generation,
+            Err(err) => return Attempt::Failed(err.context("cannot serve the plugin socket")),
+        };
+        let registered = tokio::select! {
+            _ = shutdown.cancelled() => {
+                generation.stop().await;
+                return Attempt::Shutdown;
+            }
+            result = tokio::time::timeout(REGISTER_TIMEOUT, self.register()) => {
+                result.unwrap_or_else(|_| Err(anyhow::anyhow!("Register timed out after {REGISTER_TIMEOUT:?}")))
+            }
+        };
+        match registered {
+            Ok(()) => Attempt::Registered(generation),
+            Err(err) => {
+                generation.stop().await;
+                Attempt::Failed(err)
             }
         }
     }

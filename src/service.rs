@@ -12,6 +12,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use crate::allocation::sharing::Sharing;
 use crate::allocation::{AllocateError, Allocator};
 use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
@@ -68,16 +69,24 @@ pub struct PluginService {
     pub stop: CancellationToken,
 }
 
-/// The device list as the kubelet sees it.
-pub fn list_response(inventory: &Inventory) -> ListAndWatchResponse {
+/// The device list as the kubelet sees it: every advertised ID of an EFA carries its health
+/// and NUMA node.
+pub fn list_response(inventory: &Inventory, sharing: Sharing) -> ListAndWatchResponse {
     ListAndWatchResponse {
-        devices: inventory.devices().map(to_device).collect(),
+        devices: inventory
+            .devices()
+            .flat_map(|record| {
+                sharing
+                    .advertised(&record.efa.id)
+                    .map(move |id| to_device(id, record))
+            })
+            .collect(),
     }
 }
 
-fn to_device(record: &DeviceRecord) -> Device {
+fn to_device(id: String, record: &DeviceRecord) -> Device {
     Device {
-        id: record.efa.id.clone(),
+        id,
         health: record.verdict.health.to_string(),
         // A device without NUMA affinity carries no topology: an empty node list would still be
         // read as "no preference", but an absent one says so plainly.
@@ -97,7 +106,7 @@ impl DevicePlugin for PluginService {
     ) -> Result<Response<DevicePluginOptions>, Status> {
         Ok(Response::new(DevicePluginOptions {
             pre_start_required: false,
-            get_preferred_allocation_available: false,
+            get_preferred_allocation_available: true,
         }))
     }
 
@@ -109,13 +118,14 @@ impl DevicePlugin for PluginService {
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let (tx, rx) = mpsc::channel(4);
         let mut devices = self.devices.clone();
+        let sharing = self.allocator.sharing();
         let stop = self.stop.clone();
         let guard = StreamGuard::new(self.hooks.clone(), stop.clone());
         tokio::spawn(async move {
             let _guard = guard;
             let mut last_sent = None;
             loop {
-                let snapshot = list_response(&devices.borrow_and_update());
+                let snapshot = list_response(&devices.borrow_and_update(), sharing);
                 if last_sent.as_ref() != Some(&snapshot) {
                     if tx.send(Ok(snapshot.clone())).await.is_err() {
                         return;
@@ -134,10 +144,11 @@ impl DevicePlugin for PluginService {
 
     async fn get_preferred_allocation(
         &self,
-        _: Request<PreferredAllocationRequest>,
+        request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
-        Err(Status::unimplemented(
-            "GetPreferredAllocation is not advertised in the plugin options",
+        let inventory = self.devices.borrow().clone();
+        Ok(Response::new(
+            self.allocator.preferred(&inventory, request.get_ref()),
         ))
     }
 

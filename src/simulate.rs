@@ -10,7 +10,8 @@ use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use crate::discovery::DevNum;
+use crate::discovery::{DevNum, Efa};
+use crate::state::{DeviceRecord, Inventory, Verdict};
 
 /// The kernel's static uverbs major; the first 32 nodes use minors from 192.
 const UVERBS_MAJOR: u32 = 231;
@@ -72,6 +73,24 @@ impl FakeDevice {
 
     pub fn is_efa(&self) -> bool {
         self.driver == "efa"
+    }
+
+    /// The device as a scan of its simulated tree reads it, for tests and benchmarks that need
+    /// no files.
+    pub fn efa(&self) -> Efa {
+        let mut pci_path = self.parents.join("/");
+        pci_path.push('/');
+        pci_path.push_str(&self.bdf);
+        Efa {
+            id: self.bdf.clone(),
+            ibdev: self.ibdev.clone(),
+            uverbs: self.uverbs_name(),
+            dev: self.dev,
+            numa_node: u32::try_from(self.numa).ok(),
+            pci_path,
+            vendor: self.vendor.clone(),
+            device: self.device.clone(),
+        }
     }
 }
 
@@ -228,6 +247,20 @@ pub fn devices(shape: Shape) -> Vec<FakeDevice> {
             .flat_map(|r| switched_root(r, 0x10, 16, (r / 8) as i32, r * 16))
             .collect(),
     }
+}
+
+/// The snapshot the health monitor would publish for `shape` with every EFA healthy, for tests
+/// and benchmarks of the allocation policy that need no files.
+pub fn inventory(shape: Shape) -> Inventory {
+    let records = devices(shape)
+        .iter()
+        .filter(|d| d.is_efa())
+        .map(|d| DeviceRecord {
+            efa: d.efa(),
+            verdict: Verdict::healthy(),
+        })
+        .collect();
+    Inventory::default().observe(records).0
 }
 
 /// An mlx5 RDMA device as p6-b200 shows it: in `/sys/class/infiniband`, but no EFA.
@@ -458,4 +491,32 @@ fn relative(target: &Path, from_dir: &Path) -> PathBuf {
         path.push(part);
     }
     path
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn efa_matches_what_a_scan_of_the_tree_reads() {
+        for shape in [
+            Shape::P4d,
+            Shape::P5,
+            Shape::P6B200,
+            Shape::G5,
+            Shape::Dense256,
+        ] {
+            let root = tempfile::tempdir().unwrap();
+            let (node, devices) = FakeNode::build(root.path(), shape, Nodes::Files).unwrap();
+            let mut expected: Vec<Efa> = devices
+                .iter()
+                .filter(|d| d.is_efa())
+                .map(FakeDevice::efa)
+                .collect();
+            expected.sort_by(|a, b| a.id.cmp(&b.id));
+            let scan = crate::discovery::scan(&node.sysfs);
+            assert!(scan.problems.is_empty(), "{shape:?}: {:?}", scan.problems);
+            assert_eq!(scan.devices, expected, "{shape:?}");
+        }
+    }
 }

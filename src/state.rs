@@ -296,4 +296,50 @@ mod tests {
         state.set_conflict(None);
         assert_eq!(health(&state), [("a".to_owned(), Health::Unhealthy)]);
     }
+
+    #[test]
+    fn a_vanished_device_stays_unhealthy_and_recovers() {
+        let state = DeviceState::default();
+        let changes = state.apply(vec![
+            record("a", Verdict::healthy()),
+            record("b", Verdict::healthy()),
+        ]);
+        assert_eq!(changes.len(), 2);
+        assert!(matches!(changes[0], Change::Added(_)));
+
+        let changes = state.apply(vec![record("a", Verdict::healthy())]);
+        assert_eq!(changes.len(), 1);
+        let current = state.current();
+        let b = current.get("b").unwrap();
+        assert_eq!(b.verdict, Verdict::unhealthy(VANISHED));
+        assert_eq!(current.healthy_count(), 1);
+        assert_eq!(current.devices().len(), 2);
+
+        // Still gone: no new change to log.
+        assert!(
+            state
+                .apply(vec![record("a", Verdict::healthy())])
+                .is_empty()
+        );
+
+        let changes = state.apply(vec![
+            record("a", Verdict::healthy()),
+            record("b", Verdict::healthy()),
+        ]);
+        assert!(matches!(&changes[..], [Change::Health { after, .. }] if after.is_healthy()));
+        assert_eq!(state.current().healthy_count(), 2);
+    }
+
+    #[test]
+    fn readers_wake_only_on_real_changes() {
+        let state = DeviceState::default();
+        let mut reader = state.subscribe();
+        state.apply(vec![record("a", Verdict::healthy())]);
+        assert!(reader.has_changed().unwrap());
+        reader.borrow_and_update();
+        state.apply(vec![record("a", Verdict::healthy())]);
+        assert!(!reader.has_changed().unwrap());
+        state.apply(vec![record("a", Verdict::unhealthy("node missing"))]);
+        assert!(reader.has_changed().unwrap());
+    }
 }

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::allocation::sharing;
 use crate::proto::podresources::{
     ListPodResourcesRequest, ListPodResourcesResponse,
     pod_resources_lister_client::PodResourcesListerClient,
@@ -91,8 +92,8 @@ impl PodResources {
     }
 }
 
-/// Maps device ids of `resource_name` to their holders. A shared device's id is
-/// `<pci>::<k>`; the part before `::` names the device.
+/// Maps device ids of `resource_name` to their holders; every replica of a shared device
+/// counts for the device.
 pub fn holders_of(response: &ListPodResourcesResponse, resource_name: &str) -> Holders {
     let mut holders = Holders::new();
     for pod in &response.pod_resources {
@@ -103,7 +104,7 @@ pub fn holders_of(response: &ListPodResourcesResponse, resource_name: &str) -> H
                 .filter(|d| d.resource_name == resource_name)
                 .flat_map(|d| &d.device_ids);
             for id in ids {
-                let device = id.split_once("::").map_or(id.as_str(), |(pci, _)| pci);
+                let device = sharing::device_of(id);
                 holders.entry(device.to_owned()).or_default().push(Holder {
                     namespace: pod.namespace.clone(),
                     pod: pod.name.clone(),

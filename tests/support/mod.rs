@@ -174,6 +174,15 @@ impl Drop for Harness {
     }
 }
 
+/// Polls `done` until it holds, failing the test after [`TIMEOUT`].
+pub async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + TIMEOUT;
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn signal(pid: u32, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("signal");
 }

@@ -3,7 +3,11 @@
 //! Answers come from the in-memory snapshot only: the kubelet waits on Allocate with no deadline,
 //! so this path does no sysfs I/O. Each part of the response comes from a [`Contributor`], so a
 //! new kind of injection (a CDI name, an environment variable) is one more contributor rather
-//! than an edit to the others.
+//! than an edit to the others. Which IDs to prefer is [`preferred`]'s business; what an ID
+//! means when EFAs are shared, [`sharing`]'s.
+
+pub mod preferred;
+pub mod sharing;
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -14,9 +18,11 @@ use crate::discovery::Efa;
 use crate::health::node_path;
 use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
+    PreferredAllocationRequest, PreferredAllocationResponse,
 };
 use crate::state::Inventory;
 use crate::telemetry::metrics::AllocationMetrics;
+use sharing::Sharing;
 
 /// Where the container finds a device node. It must equal the host's own path, because
 /// libibverbs pairs `/sys/class/infiniband_verbs/uverbsN` with `/dev/infiniband/uverbsN`.
@@ -57,6 +63,7 @@ impl Contributor for DeviceNodes {
 /// Serves Allocate from the current snapshot.
 pub struct Allocator {
     contributors: Vec<Box<dyn Contributor>>,
+    sharing: Sharing,
     metrics: Option<Arc<AllocationMetrics>>,
 }
 
@@ -64,14 +71,32 @@ impl Allocator {
     pub fn new(contributors: Vec<Box<dyn Contributor>>) -> Self {
         Allocator {
             contributors,
+            sharing: Sharing::default(),
             metrics: None,
         }
+    }
+
+    /// Serves the IDs `sharing` advertises instead of one per EFA.
+    pub fn with_sharing(self, sharing: Sharing) -> Self {
+        Allocator { sharing, ..self }
     }
 
     /// Counts and times every answer in `metrics`.
     pub fn with_metrics(mut self, metrics: Arc<AllocationMetrics>) -> Self {
         self.metrics = Some(metrics);
         self
+    }
+
+    pub fn sharing(&self) -> Sharing {
+        self.sharing
+    }
+
+    pub fn preferred(
+        &self,
+        inventory: &Inventory,
+        request: &PreferredAllocationRequest,
+    ) -> PreferredAllocationResponse {
+        preferred::respond(inventory, self.sharing, request)
     }
 
     pub fn allocate(
@@ -94,7 +119,7 @@ impl Allocator {
     ) -> Result<AllocateResponse, AllocateError> {
         let mut container_responses = Vec::with_capacity(request.container_requests.len());
         for container in &request.container_requests {
-            let devices = resolve(inventory, &container.devices_ids)?;
+            let devices = resolve(inventory, self.sharing, &container.devices_ids)?;
             let mut response = ContainerAllocateResponse::default();
             for contributor in &self.contributors {
                 contributor.contribute(&devices, &mut response);
@@ -107,13 +132,19 @@ impl Allocator {
     }
 }
 
-/// Maps requested IDs to healthy devices, each device once even if asked for twice.
-fn resolve<'a>(inventory: &'a Inventory, ids: &[String]) -> Result<Vec<&'a Efa>, AllocateError> {
+/// Maps requested IDs to healthy devices, each device once even if asked for twice or through
+/// several of its replicas: a container gets one node per EFA, however many IDs it holds.
+fn resolve<'a>(
+    inventory: &'a Inventory,
+    sharing: Sharing,
+    ids: &[String],
+) -> Result<Vec<&'a Efa>, AllocateError> {
     let mut seen = BTreeSet::new();
     let mut devices = Vec::with_capacity(ids.len());
     for id in ids {
-        let record = inventory
-            .get(id)
+        let record = sharing
+            .parse(id)
+            .and_then(|(device, _)| inventory.get(device))
             .ok_or_else(|| AllocateError::Unknown(id.clone()))?;
         if !record.is_healthy() {
             return Err(AllocateError::Unhealthy {

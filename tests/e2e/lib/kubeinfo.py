@@ -1,0 +1,53 @@
+"""Reads what the e2e asserts on from the kubelet's own outputs.
+
+pod URL NAME          phase, reason, uid and message of a pod in the kubelet's
+                      /pods listing, tab-separated; "Absent" when not listed
+registered FILE RES   device IDs the device checkpoint lists as registered
+allocated FILE UID RES  device IDs the checkpoint records for a pod
+"""
+
+import json
+import sys
+import urllib.request
+
+
+def pod(url, name):
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        pods = json.load(resp)
+    for p in pods.get("items") or []:
+        if p["metadata"]["name"] == name:
+            status = p.get("status", {})
+            fields = [
+                status.get("phase") or "Unknown",
+                status.get("reason") or "-",
+                p["metadata"].get("uid") or "-",
+                (status.get("message") or "-").replace("\n", " "),
+            ]
+            print("\t".join(fields))
+            return
+    print("Absent")
+
+
+def checkpoint(path):
+    with open(path) as f:
+        return json.load(f)["Data"]
+
+
+def registered(path, resource):
+    for dev in sorted(checkpoint(path).get("RegisteredDevices", {}).get(resource) or []):
+        print(dev)
+
+
+def allocated(path, uid, resource):
+    ids = set()
+    for entry in checkpoint(path).get("PodDeviceEntries") or []:
+        if entry["PodUID"] == uid and entry["ResourceName"] == resource:
+            for numa_ids in entry["DeviceIDs"].values():
+                ids.update(numa_ids)
+    for dev in sorted(ids):
+        print(dev)
+
+
+if __name__ == "__main__":
+    cmd, *args = sys.argv[1:]
+    {"pod": pod, "registered": registered, "allocated": allocated}[cmd](*args)

@@ -1,0 +1,175 @@
+//! GetPreferredAllocation through the kubelet stand-in, against the real binary: advertised in
+//! the options, answered for whatever the kubelet sends, and consistent with the NUMA topology
+//! the kubelet's topology manager builds its hints from.
+
+mod support;
+
+use std::collections::BTreeSet;
+
+use efa_device_plugin::kubelet_stub::KubeletView;
+use efa_device_plugin::proto::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
+    PreferredAllocationRequest, device_plugin_client::DevicePluginClient,
+};
+use efa_device_plugin::simulate::Shape;
+use support::Harness;
+use tonic::transport::Channel;
+
+fn offer(available: &[String], must: &[&str], size: i32) -> ContainerPreferredAllocationRequest {
+    ContainerPreferredAllocationRequest {
+        available_device_i_ds: available.to_vec(),
+        must_include_device_i_ds: must.iter().map(|s| s.to_string()).collect(),
+        allocation_size: size,
+    }
+}
+
+/// One GetPreferredAllocation call, as the kubelet makes it; the answer per container.
+async fn prefer(
+    client: &mut DevicePluginClient<Channel>,
+    containers: Vec<ContainerPreferredAllocationRequest>,
+) -> Vec<Vec<String>> {
+    let response = client
+        .get_preferred_allocation(PreferredAllocationRequest {
+            container_requests: containers,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    response
+        .container_responses
+        .into_iter()
+        .map(|c| c.device_i_ds)
+        .collect()
+}
+
+fn numa_of(view: &KubeletView, id: &str) -> Option<i64> {
+    let device = view.devices.iter().find(|d| d.id == id)?;
+    device.topology.as_ref()?.nodes.first().map(|n| n.id)
+}
+
+/// The kubelet's `generateDeviceTopologyHints` on a two-socket machine: every NUMA mask that
+/// holds enough devices, and whether it is preferred (as narrow as the narrowest that could).
+fn hints(view: &KubeletView, request: usize) -> Option<Vec<(BTreeSet<i64>, bool)>> {
+    if view.devices.iter().all(|d| d.topology.is_none()) {
+        return None;
+    }
+    let masks: [BTreeSet<i64>; 3] = [[0].into(), [1].into(), [0, 1].into()];
+    let fits = |mask: &BTreeSet<i64>| {
+        let inside = view
+            .devices
+            .iter()
+            .filter(|d| numa_of(view, &d.id).is_some_and(|n| mask.contains(&n)))
+            .count();
+        inside >= request
+    };
+    let narrowest = masks.iter().filter(|m| fits(m)).map(|m| m.len()).min();
+    Some(
+        masks
+            .iter()
+            .filter(|m| fits(m))
+            .map(|m| (m.clone(), Some(m.len()) == narrowest))
+            .collect(),
+    )
+}
+
+#[tokio::test]
+async fn p5_answers_are_local_and_allocatable() {
+    let mut h = Harness::new(Shape::P5);
+    h.spawn_plugin(&[]);
+    let view = h.registered().await;
+    assert!(view.options.unwrap().get_preferred_allocation_available);
+    let all: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
+
+    let mut client = h.kubelet.plugin().unwrap();
+    let answers = prefer(
+        &mut client,
+        vec![
+            offer(&all, &[], 4),
+            offer(&all, &["0000:ab:00.0"], 8),
+            offer(&all, &[], 16),
+        ],
+    )
+    .await;
+    assert_eq!(
+        answers[0],
+        [
+            "0000:23:00.0",
+            "0000:24:00.0",
+            "0000:25:00.0",
+            "0000:26:00.0"
+        ]
+    );
+    assert_eq!(answers[1].len(), 8);
+    assert!(answers[1].contains(&"0000:ab:00.0".to_owned()));
+    for (answer, numa) in [(&answers[1], 1), (&answers[2], 0)] {
+        for id in answer {
+            assert_eq!(numa_of(&view, id), Some(numa), "{answer:?}");
+        }
+    }
+
+    // What the kubelet then does with the answer: Allocate exactly those IDs.
+    let allocated = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: answers[0].clone(),
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(allocated.container_responses[0].devices.len(), 4);
+}
+
+#[tokio::test]
+async fn anything_the_kubelet_can_send_gets_an_answer() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    let view = h.registered().await;
+    let all: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
+    let foreign = vec!["0000:ff:00.0".to_owned(), all[3].clone(), all[3].clone()];
+    let mut client = h.kubelet.plugin().unwrap();
+    let answers = prefer(
+        &mut client,
+        vec![
+            offer(&[], &[], 2),
+            offer(&all, &[], 0),
+            offer(&all, &[], -1),
+            offer(&all, &[], 40),
+            offer(&foreign, &["0000:ff:00.0"], 2),
+        ],
+    )
+    .await;
+    assert_eq!(
+        answers,
+        [vec![], vec![], vec![], all.clone(), vec![all[3].clone()]]
+    );
+    assert!(prefer(&mut client, Vec::new()).await.is_empty());
+}
+
+/// `single-numa-node` admits a p5 pod only when its EFAs fit one socket; `restricted` also
+/// admits a whole-node pod, because the two-socket hint is then the narrowest possible. A g5
+/// reports no topology, which every policy reads as "no preference".
+#[tokio::test]
+async fn reported_topology_gives_the_kubelet_usable_hints() {
+    let mut h = Harness::new(Shape::P5);
+    h.spawn_plugin(&[]);
+    let view = h.registered().await;
+    assert!(view.devices.iter().all(|d| {
+        d.topology
+            .as_ref()
+            .is_some_and(|t| t.nodes.len() == 1 && t.nodes[0].id <= 1)
+    }));
+    let single = |hints: &[(BTreeSet<i64>, bool)]| {
+        hints
+            .iter()
+            .any(|(mask, preferred)| *preferred && mask.len() == 1)
+    };
+    assert!(single(&hints(&view, 16).unwrap()));
+    let whole_node = hints(&view, 32).unwrap();
+    assert!(!single(&whole_node));
+    assert_eq!(whole_node, [([0, 1].into(), true)]);
+
+    let mut g5 = Harness::new(Shape::G5);
+    g5.spawn_plugin(&[]);
+    assert_eq!(hints(&g5.registered().await, 1), None);
+}
