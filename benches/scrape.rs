@@ -14,15 +14,18 @@ use std::time::{Duration, Instant};
 use efa_device_plugin::health;
 use efa_device_plugin::kubelet_stub::KubeletStub;
 use efa_device_plugin::lifecycle::PluginStatus;
+use efa_device_plugin::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
+use efa_device_plugin::proto::podresources::PodResources;
 use efa_device_plugin::simulate::Shape;
 use efa_device_plugin::state::DeviceState;
 use efa_device_plugin::telemetry::counters::CounterFiles;
 use efa_device_plugin::telemetry::metrics::{AllocationMetrics, Metrics};
-use efa_device_plugin::telemetry::pod_resources::PodResources;
+use efa_device_plugin::telemetry::pod_resources;
 use support::{Harness, http_get};
 
 const SCRAPES: usize = 300;
+const RESOURCE: &str = "vpc.amazonaws.com/efa";
 const ALLOCATIONS: usize = 2000;
 /// The budget a scrape of 32 devices must stay under (median).
 const SCRAPE_BUDGET: Duration = Duration::from_millis(2);
@@ -94,14 +97,53 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         tokio::sync::watch::channel(PluginStatus::default()).1,
         &AllocationMetrics::default(),
         &h.node.sysfs,
-        PodResources::new(
-            h.root.path().join("absent.sock"),
-            "vpc.amazonaws.com/efa".into(),
-        ),
+        pod_resources::PodResources::new(h.root.path().join("absent.sock"), RESOURCE.into()),
     );
     let render = summary(
         &timed(SCRAPES, || async {
             metrics.render().await;
+        })
+        .await,
+    );
+    // With the kubelet's PodResources answering, each scrape also asks it who holds what.
+    let holders: Vec<PodResources> = h
+        .efas()
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            pod(
+                "ml",
+                &format!("trainer-{i}"),
+                "main",
+                RESOURCE,
+                &[d.bdf.as_str()],
+            )
+        })
+        .collect();
+    // Its own thread, as the kubelet is its own process: answering List must not slow the
+    // client that times Allocate.
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let (ready, started) = std::sync::mpsc::channel();
+    let stub_stop = tokio_util::sync::CancellationToken::new();
+    let stub = std::thread::spawn({
+        let stop = stub_stop.clone();
+        move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("PodResources runtime")
+                .block_on(async {
+                    let _stub = PodResourcesStub::start(&socket, holders).expect("PodResources");
+                    let _ = ready.send(());
+                    stop.cancelled().await;
+                })
+        }
+    });
+    started.recv().expect("PodResources started");
+    let attributed = summary(
+        &timed(SCRAPES, || async {
+            let text = http_get(address, "/metrics").await.1;
+            assert!(text.contains("pod=\"trainer-0\""), "no pod labels");
         })
         .await,
     );
@@ -127,6 +169,8 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     let busy = summary(&allocations(&h.kubelet, &id).await);
     stop.store(true, Ordering::Relaxed);
     scraper.join().expect("scraper");
+    stub_stop.cancel();
+    stub.join().expect("PodResources thread");
 
     println!(
         "p5.48xlarge: {} EFAs, {series} counter series, {} bytes per scrape",
@@ -142,6 +186,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         ("GET /metrics (32 EFAs)", scrape),
         ("  of which sysfs reads", read),
         ("  render incl. reads", render),
+        ("GET /metrics with pod labels", attributed),
         ("Allocate, no scrapes", quiet),
         ("Allocate, scraped non-stop", busy),
     ]

@@ -100,8 +100,7 @@ impl Metrics {
         }
     }
 
-    /// The exposition text. Counters are read off the runtime thread, so a scrape never holds
-    /// up a gRPC call from the kubelet.
+    /// The exposition text: the plugin's own metrics, then the hardware counters.
     pub async fn render(&self) -> String {
         let devices: Vec<(String, String)> = self
             .state
@@ -110,17 +109,25 @@ impl Metrics {
             .map(|d| (d.efa.id.clone(), d.efa.ibdev.clone()))
             .collect();
         let counters = self.counters.clone();
-        let read = tokio::task::spawn_blocking(move || counters.read(&devices));
-        let (holders, read) = tokio::join!(self.pods.holders(), read);
-        let mut scrape = Registry::default();
-        scrape.register_collector(Box::new(HwCounters::new(
-            read.unwrap_or_default(),
-            &holders,
-        )));
-        let mut text = String::with_capacity(64 * 1024);
-        // Writing to a String cannot fail.
+        let (holders_tx, holders_rx) = tokio::sync::oneshot::channel();
+        // Reading and encoding 600 counter series is the bulk of a scrape; done off the
+        // runtime thread, it cannot delay an Allocate, and the reads overlap the kubelet's
+        // answer about pods.
+        let hardware = tokio::task::spawn_blocking(move || {
+            let read = counters.read(&devices);
+            let holders: Holders = holders_rx.blocking_recv().unwrap_or_default();
+            let mut scrape = Registry::default();
+            scrape.register_collector(Box::new(HwCounters::new(read, &holders)));
+            let mut text = String::with_capacity(64 * 1024);
+            // Writing to a String cannot fail.
+            let _ = prometheus_text::encode(&mut text, &scrape);
+            text
+        });
+        let _ = holders_tx.send(self.pods.holders().await);
+        let hardware = hardware.await.unwrap_or_default();
+        let mut text = String::with_capacity(hardware.len() + 4096);
         let _ = prometheus_text::encode(&mut text, &self.registry);
-        let _ = prometheus_text::encode(&mut text, &scrape);
+        text.push_str(&hardware);
         text
     }
 }
