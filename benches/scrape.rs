@@ -7,6 +7,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -147,28 +148,16 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         })
         .await,
     );
-    let quiet = summary(&allocations(&h.kubelet, &id).await);
-
-    let stop = Arc::new(AtomicBool::new(false));
-    let scraped = Arc::new(AtomicUsize::new(0));
-    let scraper = std::thread::spawn({
-        let (stop, scraped) = (stop.clone(), scraped.clone());
-        move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("scraper runtime")
-                .block_on(async {
-                    while !stop.load(Ordering::Relaxed) {
-                        http_get(address, "/metrics").await;
-                        scraped.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-        }
-    });
-    let busy = summary(&allocations(&h.kubelet, &id).await);
-    stop.store(true, Ordering::Relaxed);
-    scraper.join().expect("scraper");
+    let quiet = summary(&allocations(&h.kubelet, &id, ALLOCATIONS).await);
+    // Far more often than any Prometheus scrapes, yet a realistic rhythm; then the worst case.
+    let (frequent, frequent_scrapes) = while_scraping(address, Duration::from_millis(100), || {
+        allocations(&h.kubelet, &id, 20 * ALLOCATIONS)
+    })
+    .await;
+    let (busy, busy_scrapes) = while_scraping(address, Duration::ZERO, || {
+        allocations(&h.kubelet, &id, ALLOCATIONS)
+    })
+    .await;
     stub_stop.cancel();
     stub.join().expect("PodResources thread");
 
@@ -178,8 +167,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         text.len()
     );
     println!(
-        "{} scrapes ran during the second Allocate run\n",
-        scraped.load(Ordering::Relaxed)
+        "scrapes while timing Allocate: {frequent_scrapes} at 10/s, {busy_scrapes} non-stop\n"
     );
     h.terminate_plugin();
     vec![
@@ -188,6 +176,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         ("  render incl. reads", render),
         ("GET /metrics with pod labels", attributed),
         ("Allocate, no scrapes", quiet),
+        ("Allocate, scraped 10/s", frequent),
         ("Allocate, scraped non-stop", busy),
     ]
 }
@@ -227,9 +216,44 @@ where
     samples
 }
 
-async fn allocations(kubelet: &KubeletStub, id: &str) -> Vec<Duration> {
+/// Runs `measure` while another thread scrapes every `every` (back to back for zero); returns
+/// its summary and the number of scrapes meanwhile.
+async fn while_scraping<F, Fut>(
+    address: SocketAddr,
+    every: Duration,
+    measure: F,
+) -> (Summary, usize)
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Vec<Duration>>,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let scraped = Arc::new(AtomicUsize::new(0));
+    let scraper = std::thread::spawn({
+        let (stop, scraped) = (stop.clone(), scraped.clone());
+        move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("scraper runtime")
+                .block_on(async {
+                    while !stop.load(Ordering::Relaxed) {
+                        http_get(address, "/metrics").await;
+                        scraped.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(every).await;
+                    }
+                })
+        }
+    });
+    let samples = measure().await;
+    stop.store(true, Ordering::Relaxed);
+    scraper.join().expect("scraper");
+    (summary(&samples), scraped.load(Ordering::Relaxed))
+}
+
+async fn allocations(kubelet: &KubeletStub, id: &str, n: usize) -> Vec<Duration> {
     let client = kubelet.plugin().expect("plugin connection");
-    timed(ALLOCATIONS, || {
+    timed(n, || {
         let mut client = client.clone();
         let request = AllocateRequest {
             container_requests: vec![ContainerAllocateRequest {
