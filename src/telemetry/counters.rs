@@ -4,9 +4,11 @@
 //! under its own name rather than a fixed list. Anything that cannot be read as a number is
 //! skipped: a device going away between the listing and the read is normal, not an error.
 //!
-//! The files stay open between scrapes. Reading an open sysfs attribute again from offset 0
-//! returns a fresh value, and one `pread` per counter costs a third of opening, reading and
-//! closing it: on a p5 that is the difference between a scrape within its 2 ms budget or not.
+//! The files stay open between scrapes. sysfs calls the attribute's `show()` again for a
+//! `pread` at offset 0 (Documentation/filesystems/sysfs.rst), so an open file gives a fresh
+//! value, and one `pread` per counter costs a third of opening, reading and closing it: on a p5
+//! that is the difference between a scrape within its 2 ms budget or not. An open sysfs file
+//! does not hold its device: once the device is gone the read fails and the files are dropped.
 
 use std::collections::HashMap;
 use std::fs::File;
