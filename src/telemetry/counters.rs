@@ -9,6 +9,8 @@
 //! value, and one `pread` per counter costs a third of opening, reading and closing it: on a p5
 //! that is the difference between a scrape within its 2 ms budget or not. An open sysfs file
 //! does not hold its device: once the device is gone the read fails and the files are dropped.
+//! The price is kernel memory: each open sysfs file keeps a page for its value once read, about
+//! 2.4 MiB for a p5's 608 counters, charged to the pod.
 
 use std::collections::HashMap;
 use std::fs::File;
