@@ -381,12 +381,7 @@ async fn ids_survive_a_plugin_restart() {
 async fn json_logs_are_one_object_per_line() {
     let mut h = Harness::new(Shape::P4d);
     h.spawn_plugin(&["--log-format", "json"]);
-    h.registered().await;
-    // The kubelet sees the stream inside Register; the plugin logs once Register returns.
-    support::eventually("the registration log line", || {
-        h.plugin_log().contains("registered with the kubelet")
-    })
-    .await;
+    h.registered_and_logged().await;
     h.terminate_plugin();
     let log = h.plugin_log();
     assert!(log.contains("stopping on signal"), "{log}");

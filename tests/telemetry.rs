@@ -223,13 +223,7 @@ fn logged(h: &Harness, message: &str) -> Vec<serde_json::Value> {
 async fn logs_each_change_once_and_nothing_while_idle() {
     let mut h = Harness::new(Shape::P4d);
     h.spawn_plugin(&["--log-format", "json"]);
-    h.registered().await;
-    // The kubelet's stream opens inside Register, so the plugin may log its registration a
-    // moment after the kubelet sees the devices.
-    support::eventually("the registration log line", || {
-        h.plugin_log().contains("registered with the kubelet")
-    })
-    .await;
+    h.registered_and_logged().await;
     let efa = h.efas()[1].clone();
 
     // Scrapes, probes and several rescans and guard checks: none of it is news.

@@ -137,6 +137,17 @@ impl Harness {
         .await
     }
 
+    /// [`Self::registered`], and the plugin has logged it: the kubelet sees the stream inside
+    /// `Register`, a moment before the plugin's call returns and it logs.
+    pub async fn registered_and_logged(&self) -> KubeletView {
+        let view = self.registered().await;
+        eventually("the registration log line", || {
+            self.plugin_log().contains("registered with the kubelet")
+        })
+        .await;
+        view
+    }
+
     /// Sends SIGTERM and waits for the exit.
     pub fn terminate_plugin(&mut self) -> (ExitStatus, Duration) {
         self.stop_plugin(nix::sys::signal::Signal::SIGTERM)
