@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
@@ -61,7 +60,10 @@ struct Shared {
 pub struct KubeletStub {
     dir: PathBuf,
     shared: Shared,
-    server: Option<(CancellationToken, JoinHandle<()>)>,
+    server: Option<(
+        CancellationToken,
+        JoinHandle<Result<(), tonic::transport::Error>>,
+    )>,
 }
 
 impl KubeletStub {
@@ -85,18 +87,7 @@ impl KubeletStub {
             dir: self.dir.clone(),
             shared: self.shared.clone(),
         };
-        let task = tokio::spawn({
-            let stop = stop.clone();
-            async move {
-                let _ = tonic::transport::Server::builder()
-                    .add_service(RegistrationServer::new(handler))
-                    .serve_with_incoming_shutdown(
-                        UnixListenerStream::new(listener),
-                        stop.cancelled_owned(),
-                    )
-                    .await;
-            }
-        });
+        let task = uds::spawn_server(listener, RegistrationServer::new(handler), stop.clone());
         self.server = Some((stop, task));
         Ok(())
     }

@@ -14,7 +14,6 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::Allocator;
@@ -73,7 +72,7 @@ enum Attempt {
 struct Generation {
     stop: CancellationToken,
     hooks: Arc<StreamHooks>,
-    server: JoinHandle<()>,
+    server: JoinHandle<Result<(), tonic::transport::Error>>,
     socket: PathBuf,
     identity: Option<FileIdentity>,
     status_relay: JoinHandle<()>,
@@ -83,11 +82,10 @@ impl Generation {
     async fn stop(self) {
         self.stop.cancel();
         let mut server = self.server;
-        if tokio::time::timeout(STOP_TIMEOUT, &mut server)
-            .await
-            .is_err()
-        {
-            server.abort();
+        match tokio::time::timeout(STOP_TIMEOUT, &mut server).await {
+            Ok(Ok(Err(err))) => tracing::error!(error = %err, "plugin gRPC server failed"),
+            Ok(_) => {}
+            Err(_) => server.abort(),
         }
         self.status_relay.abort();
         // Remove the socket only if it is still ours: the kubelet may already have deleted it,
@@ -237,21 +235,7 @@ impl Lifecycle {
             hooks: hooks.clone(),
             stop: stop.clone(),
         };
-        let server = tokio::spawn({
-            let stop = stop.clone();
-            async move {
-                let served = tonic::transport::Server::builder()
-                    .add_service(DevicePluginServer::new(service))
-                    .serve_with_incoming_shutdown(
-                        UnixListenerStream::new(listener),
-                        stop.cancelled_owned(),
-                    )
-                    .await;
-                if let Err(err) = served {
-                    tracing::error!(error = %err, "plugin gRPC server failed");
-                }
-            }
-        });
+        let server = uds::spawn_server(listener, DevicePluginServer::new(service), stop.clone());
         let status_relay = tokio::spawn({
             let mut open = hooks.open_streams();
             let status = self.status.clone();

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -60,13 +59,10 @@ impl PodResourcesStub {
             pods,
             stall: stall.clone(),
         };
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(PodResourcesListerServer::new(service))
-                .serve_with_incoming_shutdown(
-                    UnixListenerStream::new(listener),
-                    stop.clone().cancelled_owned(),
-                ),
+        uds::spawn_server(
+            listener,
+            PodResourcesListerServer::new(service),
+            stop.clone(),
         );
         Ok(PodResourcesStub { stall, stop })
     }

@@ -3,10 +3,18 @@
 use std::io;
 use std::path::{Path, PathBuf};
 
+use std::convert::Infallible;
+
 use hyper_util::rt::TokioIo;
 use tokio::net::{UnixListener, UnixStream};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::body::Body;
+use tonic::codegen::http::{Request, Response};
+use tonic::server::NamedService;
 use tonic::transport::{Channel, Endpoint, Uri};
-use tower::service_fn;
+use tower::{Service, service_fn};
 
 /// Opens a channel to the gRPC server on `path`. The `:authority` is `localhost`, as the
 /// kubelet sends it.
@@ -28,6 +36,32 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
         Err(err) => return Err(err),
     }
     UnixListener::bind(path)
+}
+
+/// Serves one gRPC service on `listener` until `stop` is cancelled; the task yields the server's
+/// own error, if any.
+pub fn spawn_server<S>(
+    listener: UnixListener,
+    service: S,
+    stop: CancellationToken,
+) -> JoinHandle<Result<(), tonic::transport::Error>>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(listener),
+                stop.cancelled_owned(),
+            ),
+    )
 }
 
 /// Identity of a directory entry: a deleted and re-created socket differs even when the
