@@ -93,23 +93,21 @@ impl Monitor {
         }
     }
 
-    /// Runs one observation and publishes it; returns what changed.
-    pub async fn refresh(&mut self) -> Vec<Change> {
+    /// Runs one observation, publishes it and logs what changed.
+    pub async fn refresh(&mut self) {
         let (sysfs_root, dev_root) = (self.sysfs_root.clone(), self.dev_root.clone());
         let observed = tokio::task::spawn_blocking(move || observe(&sysfs_root, &dev_root)).await;
         let Ok((records, problems)) = observed else {
-            return Vec::new();
+            return;
         };
         let current: BTreeSet<String> = problems.iter().map(ToString::to_string).collect();
         for problem in current.difference(&self.known_problems) {
             tracing::warn!(problem = %problem, "skipping an EFA entry sysfs does not describe fully");
         }
         self.known_problems = current;
-        let changes = self.state.apply(records);
-        for change in &changes {
+        for change in &self.state.apply(records) {
             log_change(change);
         }
-        changes
     }
 
     pub async fn run(mut self, shutdown: CancellationToken) {
