@@ -1,0 +1,135 @@
+# shellcheck shell=bash
+# Builds the upstream components the end-to-end suites run (Kubernetes, etcd,
+# containerd 2, helm) from source through the Go module proxy, and caches the
+# binaries outside the clone so only the first run on a machine pays for them.
+# All builds share one Go module cache and one build cache under the cache dir,
+# so the control plane reuses what the kubelet build compiled and vice versa.
+
+# One current minor for every Kubernetes component. EKS supports 1.33 to 1.36;
+# v1.36.x passes too (EFA_DP_E2E_KUBE_VERSION=v1.36.3).
+KUBE_VERSION=${EFA_DP_E2E_KUBE_VERSION:-v1.34.4}
+ETCD_VERSION=${EFA_DP_E2E_ETCD_VERSION:-v3.6.16}
+CONTAINERD_VERSION=${EFA_DP_E2E_CONTAINERD_VERSION:-v2.2.9}
+HELM_VERSION=v3.22.0
+
+# go_env CACHE: points the Go toolchain at the shared caches. cgo off: nothing
+# built here needs it, so no C toolchain is needed either. -modcacherw keeps
+# the cache removable with a plain rm -rf.
+go_env() {
+	export GOPATH=$1/gopath GOMODCACHE=$1/gopath/pkg/mod GOCACHE=$1/gocache
+	export GOTOOLCHAIN=local GOFLAGS="-mod=mod -modcacherw -buildvcs=false" CGO_ENABLED=0
+}
+
+# new_workdir CACHE NAME: a scratch module dir. Runs hold a host-wide lock, so
+# a build dir left from before is an interrupted one.
+new_workdir() {
+	rm -rf "$1/build-$2".*
+	mktemp -d "$1/build-$2.XXXXXX"
+}
+
+# kube_binaries CACHE NAME...: prints the dir holding the named binaries of
+# k8s.io/kubernetes/cmd at $KUBE_VERSION, building the missing ones together.
+kube_binaries() {
+	local cache=$1
+	shift
+	local dir=$cache/kubernetes-$KUBE_VERSION name missing=()
+	for name in "$@"; do
+		[[ -x $dir/$name ]] || missing+=("$name")
+	done
+	if ((${#missing[@]} == 0)); then
+		printf '%s\n' "$dir"
+		return 0
+	fi
+	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
+	go_env "$cache"
+	local work
+	work=$(new_workdir "$cache" kubernetes) || return 1
+
+	# k8s.io/kubernetes points its staging modules at ./staging, which does
+	# not exist for a dependency; each one is published as v0.<minor>.<patch>.
+	local staging_version=v0.${KUBE_VERSION#v1.}
+	local gomod
+	gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') || return 1
+	{
+		echo "module efa-device-plugin-e2e/kubernetes"
+		echo "go 1.22.0"
+		echo "require k8s.io/kubernetes $KUBE_VERSION"
+		sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#replace \1 => \1 '"$staging_version"'#p' "$gomod"
+	} >"$work/go.mod"
+
+	local pkg=k8s.io/component-base/version pkgs=()
+	local ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitTreeState=clean"
+	ldflags+=" -X $pkg.gitMajor=1 -X $pkg.gitMinor=$(cut -d. -f2 <<<"$KUBE_VERSION")"
+	for name in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$name"); done
+	mkdir -p "$dir"
+	if ! (cd "$work" && go get "k8s.io/kubernetes@$KUBE_VERSION" &&
+		go build -trimpath -ldflags "$ldflags" -o "$work/bin/" "${pkgs[@]}") >&2; then
+		rm -rf "$work"
+		return 1
+	fi
+	for name in "${missing[@]}"; do mv "$work/bin/$name" "$dir/$name"; done
+	rm -rf "$work"
+	printf '%s\n' "$dir"
+}
+
+# The binary `go build` names for PKG: its last element, or the one before a
+# major-version suffix (go.etcd.io/etcd/server/v3 builds "server").
+binary_name() {
+	local base=${1##*/}
+	if [[ $base =~ ^v[0-9]+$ ]]; then
+		base=${1%/*}
+		base=${base##*/}
+	fi
+	printf '%s\n' "$base"
+}
+
+# go_tool_binaries CACHE NAME VERSION TAGS PKG...: prints the dir holding the
+# binaries of the packages PKG... of one module at VERSION, building them first
+# in a scratch module when the cache lacks them.
+go_tool_binaries() {
+	local cache=$1 name=$2 version=$3 tags=$4
+	shift 4
+	local dir=$cache/$name-$version pkg missing=0
+	for pkg in "$@"; do
+		[[ -x $dir/$(binary_name "$pkg") ]] || missing=1
+	done
+	if ((missing == 0)); then
+		printf '%s\n' "$dir"
+		return 0
+	fi
+	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
+	go_env "$cache"
+	local work module=${1%%/cmd/*}
+	work=$(new_workdir "$cache" "$name") || return 1
+	mkdir -p "$dir"
+	if ! (cd "$work" && go mod init "efa-device-plugin-e2e/$name" >/dev/null 2>&1 &&
+		go get "$module@$version" &&
+		go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$work/bin/" "$@") >&2; then
+		rm -rf "$work"
+		return 1
+	fi
+	for pkg in "$@"; do mv "$work/bin/$(binary_name "$pkg")" "$dir/"; done
+	rm -rf "$work"
+	printf '%s\n' "$dir"
+}
+
+# etcd's server is the main package of go.etcd.io/etcd/server/v3.
+etcd_binary() {
+	local dir
+	dir=$(go_tool_binaries "$1" etcd "$ETCD_VERSION" "" go.etcd.io/etcd/server/v3) || return 1
+	printf '%s\n' "$dir/server"
+}
+
+containerd_binaries() {
+	go_tool_binaries "$1" containerd "$CONTAINERD_VERSION" no_btrfs \
+		github.com/containerd/containerd/v2/cmd/containerd \
+		github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+		github.com/containerd/containerd/v2/cmd/ctr
+}
+
+helm_binary() {
+	local dir
+	dir=$(go_tool_binaries "$1" helm "$HELM_VERSION" "" helm.sh/helm/v3/cmd/helm) || return 1
+	printf '%s\n' "$dir/helm"
+}
