@@ -144,7 +144,7 @@ main() {
   step "install go tools (helm ${helm_module##*@}, kustomize ${kustomize_module##*@})" install_go_tools
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
-  step "shellcheck .ci" "$venv/bin/shellcheck" .ci/*.sh
+  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh
   step "render manifests (kustomize base and labelled, helm default, labelled and variant values)" render
   step "helm lint" helm_lint
   local version

@@ -44,6 +44,9 @@ def main(values_path, rendered_path):
         "nfd.enabled passes the feature file under featuresDir": f"--nfd-features-file={values['nfd']['featuresDir']}/efa"
         in container["args"],
         "networkPolicy can be turned off": "NetworkPolicy" not in kinds,
+        "extraArgs come last": container["args"][-len(values["extraArgs"]):] == values["extraArgs"],
+        "extraVolumes and extraVolumeMounts are added": spec["volumes"][-1] == values["extraVolumes"][0]
+        and container["volumeMounts"][-1] == values["extraVolumeMounts"][0],
         "config values reach the ConfigMap": values["config"].items()
         <= rendered.plugin_config(rendered.one(docs, "ConfigMap")).items(),
     }

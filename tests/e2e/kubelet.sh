@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# shellcheck source-path=SCRIPTDIR
 # End-to-end test of efa-device-plugin against a real kubelet and containerd
 # on this host. The EFAs are a fake p4d-shaped sysfs tree plus real character
 # device nodes, so everything from discovery to the container's /dev is real
@@ -15,14 +16,11 @@ set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-# shellcheck source=lib/kubelet-build.sh
-source "$HERE/lib/kubelet-build.sh"
-# shellcheck source=lib/fake-efa.sh
+source "$HERE/lib/build.sh"
+source "$HERE/lib/host.sh"
 source "$HERE/lib/fake-efa.sh"
 
 CACHE=${EFA_DP_E2E_CACHE:-/var/cache/efa-device-plugin-e2e}
-# The kubelet hard-codes this path; --root-dir does not move it.
-DP_DIR=/var/lib/kubelet/device-plugins
 CHECKPOINT=$DP_DIR/kubelet_internal_checkpoint
 PLUGIN_SOCKET=$DP_DIR/efa-device-plugin.sock
 RESOURCE=vpc.amazonaws.com/efa
@@ -31,16 +29,9 @@ KUBELET_PORT=10250
 KUBELET_RO_PORT=10255
 KUBELET_HEALTHZ_PORT=10248
 BUSYBOX=/bin/busybox
-# Host-wide, whatever the cache dir: two runs would fight over the kubelet's
-# fixed device-plugin dir and ports.
-LOCK=/run/lock/efa-device-plugin-e2e.lock
-LOCK_HELD=
 # Host paths the kubelet or containerd create outside our temp dir whatever
 # they are configured with; cleanup removes what was not there before.
 HOST_PATHS=(/var/lib/kubelet /var/log/containers /run/containerd /run/netns /var/lib/cni /opt/containerd)
-# Kernel tunables the kubelet rewrites at start (protectKernelDefaults would
-# instead refuse to start on a host with other values).
-SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
 
 PASSED=0
 FAILED=0
@@ -53,10 +44,6 @@ KUBELET_STARTS=0
 CONTAINERD_PID=
 PLUGIN_PID=
 PLUGIN_STARTS=0
-declare -A HOST_PATH_EXISTED=()
-declare -A SYSCTL_VALUE=()
-
-note() { printf '# %s\n' "$*" >&2; }
 
 fail_setup() {
 	echo "FAIL (setup) $*"
@@ -64,75 +51,9 @@ fail_setup() {
 	exit 1
 }
 
-# wait_until SECONDS CMD...: polls CMD until it succeeds or time runs out.
-wait_until() {
-	local end=$((SECONDS + $1))
-	shift
-	until "$@"; do
-		((SECONDS >= end)) && return 1
-		sleep 0.5
-	done
-}
-
-alive() {
-	[[ -r /proc/$1/stat ]] && [[ $(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1) != Z ]]
-}
-
-dead() { ! alive "$1"; }
-
-# stop_pid PID GRACE: SIGTERM, then SIGKILL after GRACE seconds. Returns the
-# exit status of PID, a child of this shell.
-stop_pid() {
-	local pid=$1 grace=$2
-	if alive "$pid"; then
-		kill -TERM "$pid" 2>/dev/null
-		if ! wait_until "$grace" dead "$pid"; then
-			note "pid $pid ignored SIGTERM for ${grace}s; killing it"
-			kill -KILL "$pid" 2>/dev/null
-			wait_until 10 dead "$pid"
-		fi
-	fi
-	wait "$pid" 2>/dev/null
-}
-
 ctr_k8s() { ctr --address "$T/containerd/containerd.sock" --namespace k8s.io "$@"; }
 
 # ---------------------------------------------------------------- setup
-
-install_packages() {
-	local missing=()
-	command -v containerd >/dev/null || missing+=(containerd)
-	command -v runc >/dev/null || missing+=(runc)
-	command -v curl >/dev/null || missing+=(curl)
-	command -v python3 >/dev/null || missing+=(python3)
-	# The image's only binary must not need a libc the image lacks.
-	[[ $(dpkg-query -W -f='${Status}' busybox-static 2>/dev/null) == "install ok installed" ]] ||
-		missing+=(busybox-static)
-	((${#missing[@]} == 0)) && return 0
-	note "installing ${missing[*]}"
-	apt-get update -qq >&2 &&
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-}
-
-remember_host_state() {
-	local p s
-	for p in "${HOST_PATHS[@]}"; do
-		if [[ -e $p ]]; then
-			HOST_PATH_EXISTED[$p]=1
-			find "$p" -mindepth 1 -maxdepth 1 | sort >"$T/host/$(tr / _ <<<"$p")"
-		fi
-	done
-	for s in "${SYSCTLS[@]}"; do
-		SYSCTL_VALUE[$s]=$(cat "/proc/sys/$s")
-	done
-	find /sys/fs/cgroup -mindepth 1 -type d | sort >"$T/host/cgroups"
-	awk '{print $5}' /proc/self/mountinfo | sort >"$T/host/mounts"
-	# A checkpoint or socket left by anything else would leak into the
-	# kubelet's state and our assertions; keep it aside and put it back after.
-	if [[ -e $DP_DIR ]]; then
-		mv "$DP_DIR" "$T/host/device-plugins"
-	fi
-}
 
 start_containerd() {
 	local c=$T/containerd
@@ -170,6 +91,8 @@ start_containerd() {
 }
 
 write_kubelet_config() {
+	local cgroups
+	cgroups=$(kubelet_cgroup_settings)
 	mkdir -p "$T/kubelet/root" "$T/manifests" "$T/manifests.tmp" "$T/out"
 	# Standalone (no API server): pods come from staticPodPath and the test
 	# reads their status from the read-only port, bound to loopback only.
@@ -190,7 +113,7 @@ write_kubelet_config() {
 		staticPodPath: $T/manifests
 		fileCheckFrequency: 1s
 		syncFrequency: 5s
-		cgroupDriver: cgroupfs
+		$cgroups
 		containerRuntimeEndpoint: unix://$T/containerd/containerd.sock
 		podLogsDir: $T/kubelet/pod-logs
 		volumePluginDir: $T/kubelet/volume-plugins
@@ -223,22 +146,19 @@ plugin_log() { echo "$T/logs/plugin.$PLUGIN_STARTS.log"; }
 
 setup() {
 	[[ $EUID -eq 0 ]] || fail_setup "must run as root"
-	# fd 9 stays closed in the daemons so a straggler cannot hold the lock.
-	exec 9>>"$LOCK"
-	flock -n 9 || fail_setup "another e2e run holds $LOCK"
-	LOCK_HELD=1
+	take_lock || fail_setup "another e2e run holds $LOCK"
 	mkdir -p "$CACHE"
-	install_packages || fail_setup "apt-get install failed"
+	# The image's only binary must not need a libc the image lacks.
+	apt_install containerd:containerd runc:runc curl:curl python3:python3 busybox-static ||
+		fail_setup "apt-get install failed"
 	note "kubelet $KUBE_VERSION (cached in $CACHE)"
-	KUBELET=$(kubelet_binary "$CACHE") || fail_setup "kubelet $KUBE_VERSION build failed"
-	note "cargo build --release --locked"
-	(cd "$REPO" && cargo build --release --locked >&2) || fail_setup "cargo build --release --locked failed"
-	PLUGIN=${CARGO_TARGET_DIR:-$REPO/target}/release/efa-device-plugin
-	[[ -x $PLUGIN ]] || fail_setup "$PLUGIN not built"
+	KUBELET=$(kube_binaries "$CACHE" kubelet)/kubelet || fail_setup "kubelet $KUBE_VERSION build failed"
+	PLUGIN=$(static_plugin_binary "$REPO") || fail_setup "static release build of the plugin failed"
 
 	T=$(mktemp -d /tmp/efa-dp-e2e.XXXXXX)
 	mkdir -p "$T/host" "$T/logs"
-	remember_host_state
+	remember_host_state "${HOST_PATHS[@]}"
+	move_aside "$DP_DIR"
 
 	local port
 	for port in "$KUBELET_PORT" "$KUBELET_RO_PORT" "$KUBELET_HEALTHZ_PORT"; do
@@ -502,81 +422,11 @@ run_case() {
 
 # ---------------------------------------------------------------- cleanup
 
-kill_leftover_containers() {
-	local id pidfile pid
-	for id in $(ctr_k8s tasks ls -q 2>/dev/null); do
-		ctr_k8s tasks kill -s SIGKILL "$id"
-	done
-	for id in $(ctr_k8s tasks ls -q 2>/dev/null); do
-		ctr_k8s tasks delete -f "$id"
-	done
-	for id in $(ctr_k8s containers ls -q 2>/dev/null); do
-		ctr_k8s containers delete "$id"
-	done
-	stop_pid "$CONTAINERD_PID" 15
-	# Shims outlive containerd; their PIDs are in each task's bundle dir.
-	for pidfile in "$T"/containerd/state/io.containerd.runtime.v2.task/*/*/{init,shim}.pid; do
-		[[ -f $pidfile ]] || continue
-		pid=$(cat "$pidfile")
-		if alive "$pid" && grep -qF "$T" "/proc/$pid/cmdline" "/proc/$pid/cgroup" 2>/dev/null; then
-			kill -KILL "$pid"
-		fi
-	done
-}
-
-remove_new_cgroups() {
-	local dir pid
-	find /sys/fs/cgroup -mindepth 1 -type d | sort >"$T/host/cgroups.after"
-	comm -13 "$T/host/cgroups" "$T/host/cgroups.after" | awk -F/ '{print NF, $0}' | sort -rn | cut -d' ' -f2- >"$T/host/cgroups.new"
-	for _ in 1 2 3 4 5; do
-		while read -r dir; do
-			[[ -d $dir ]] || continue
-			while read -r pid; do
-				kill -KILL "$pid" 2>/dev/null
-			done <"$dir/cgroup.procs"
-			rmdir "$dir" 2>/dev/null
-		done <"$T/host/cgroups.new"
-		grep -q . <(while read -r dir; do [[ -d $dir ]] && echo "$dir"; done <"$T/host/cgroups.new") || return 0
-		sleep 1
-	done
-	note "cgroups left behind: $(while read -r dir; do [[ -d $dir ]] && echo "$dir"; done <"$T/host/cgroups.new" | paste -sd' ')"
-}
-
-unmount_new() {
-	local m
-	awk '{print $5}' /proc/self/mountinfo | sort -u | comm -13 "$T/host/mounts" - |
-		awk '{print length, $0}' | sort -rn | cut -d' ' -f2- |
-		while read -r m; do
-			umount -R "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
-		done
-}
-
-restore_host_paths() {
-	local p entry s
-	rm -rf "$DP_DIR"
-	if [[ -e $T/host/device-plugins ]]; then
-		mv "$T/host/device-plugins" "$DP_DIR"
-	fi
-	for p in "${HOST_PATHS[@]}"; do
-		if [[ -z ${HOST_PATH_EXISTED[$p]:-} ]]; then
-			rm -rf "$p"
-		elif [[ -d $p ]]; then
-			find "$p" -mindepth 1 -maxdepth 1 | sort | comm -13 "$T/host/$(tr / _ <<<"$p")" - |
-				while read -r entry; do rm -rf "$entry"; done
-		fi
-	done
-	for s in "${!SYSCTL_VALUE[@]}"; do
-		[[ $(cat "/proc/sys/$s") == "${SYSCTL_VALUE[$s]}" ]] || echo "${SYSCTL_VALUE[$s]}" >"/proc/sys/$s"
-	done
-}
-
 cleanup() {
 	[[ -n $PLUGIN_PID ]] && stop_pid "$PLUGIN_PID" 10
 	[[ -n $KUBELET_PID ]] && stop_pid "$KUBELET_PID" 30
-	[[ -n $CONTAINERD_PID ]] && kill_leftover_containers
-	remove_new_cgroups
-	unmount_new
-	restore_host_paths
+	[[ -n $CONTAINERD_PID ]] && kill_containerd "$T/containerd/containerd.sock" "$T/containerd/state" "$CONTAINERD_PID"
+	restore_host_state "${HOST_PATHS[@]}"
 }
 
 finish() {
@@ -584,11 +434,8 @@ finish() {
 	trap - EXIT INT TERM
 	if [[ -n $T && -d $T ]]; then
 		cleanup >"$T/logs/cleanup.log" 2>&1
-		# Logs outlive the temp dir so a failed run can be read afterwards.
-		rm -rf "$CACHE/logs"
-		cp -r "$T/logs" "$CACHE/logs"
+		keep_logs kubelet
 		rm -rf "$T"
-		note "logs: $CACHE/logs"
 	fi
 	[[ -n $LOCK_HELD ]] && rm -f "$LOCK"
 	if ((rc != 0 && FAILED == 0)); then

@@ -90,11 +90,11 @@ binary_name() {
 go_tool_binaries() {
 	local cache=$1 name=$2 version=$3 tags=$4
 	shift 4
-	local dir=$cache/$name-$version pkg missing=0
+	local dir=$cache/$name-$version pkg stale=0
 	for pkg in "$@"; do
-		[[ -x $dir/$(binary_name "$pkg") ]] || missing=1
+		[[ -x $dir/$(binary_name "$pkg") ]] || stale=1
 	done
-	if ((missing == 0)); then
+	if ((stale == 0)); then
 		printf '%s\n' "$dir"
 		return 0
 	fi
@@ -132,4 +132,37 @@ helm_binary() {
 	local dir
 	dir=$(go_tool_binaries "$1" helm "$HELM_VERSION" "" helm.sh/helm/v3/cmd/helm) || return 1
 	printf '%s\n' "$dir/helm"
+}
+
+# static_plugin_binary REPO: builds the plugin exactly as the image's build
+# stage does (static, release, locked) and prints its path. The deployment
+# checks build the same target, so a run after them reuses their build.
+static_plugin_binary() {
+	local triple
+	triple=$(rustc -vV | sed -n 's/^host: //p')
+	(cd "$1" && RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target "$triple" >&2) ||
+		return 1
+	printf '%s\n' "${CARGO_TARGET_DIR:-$1/target}/$triple/release/efa-device-plugin"
+}
+
+# kubelet_cgroup_settings: what the kubelet config needs on this host. From
+# 1.35 the kubelet refuses cgroup v1 unless told otherwise; 1.31 to 1.34 know
+# the field and only warn.
+kubelet_cgroup_settings() {
+	echo "cgroupDriver: cgroupfs"
+	if [[ ! -e /sys/fs/cgroup/cgroup.controllers ]] && (($(cut -d. -f2 <<<"$KUBE_VERSION") >= 31)); then
+		echo "failCgroupV1: false"
+	fi
+}
+
+# podmonitor_crd CACHE: prints the path of the PodMonitor CRD as
+# prometheus-operator publishes it, from its module through the proxy, so the
+# chart's optional PodMonitor meets the real schema.
+PROMETHEUS_OPERATOR_VERSION=v0.85.0
+podmonitor_crd() {
+	local dir
+	go_env "$1"
+	dir=$(cd "$1" && go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
+		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || return 1
+	printf '%s\n' "$dir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml"
 }

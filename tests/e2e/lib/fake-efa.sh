@@ -30,7 +30,7 @@ make_uverbs_node() {
 
 # make_fake_efa_host SYSFS_ROOT DEV_ROOT
 make_fake_efa_host() {
-	local sys=$1 dev=$2 i bus fn ibdev uverbs
+	local sys=$1 dev=$2 i bus fn ibdev uverbs counter
 	mkdir -p "$sys/bus/pci/drivers/efa" "$sys/class/infiniband" "$sys/class/infiniband_verbs" "$dev/infiniband"
 	for i in "${!EFA_BUSES[@]}"; do
 		bus=${EFA_BUSES[$i]}
@@ -44,6 +44,11 @@ make_fake_efa_host() {
 		echo 0x1d0f >"$fn/vendor"
 		echo 0xefa1 >"$fn/device"
 		echo "4: ACTIVE" >"$fn/infiniband/$ibdev/ports/1/state"
+		# A few of the counters the efa driver exposes, for the metrics.
+		mkdir -p "$fn/infiniband/$ibdev/ports/1/hw_counters"
+		for counter in tx_bytes rx_bytes tx_pkts rx_pkts; do
+			echo $((1000 * (i + 1))) >"$fn/infiniband/$ibdev/ports/1/hw_counters/$counter"
+		done
 		ln -s "../../../0000:$bus:1b.0" "$fn/infiniband/$ibdev/device"
 		ln -s "../../devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0/infiniband/$ibdev" "$sys/class/infiniband/$ibdev"
 		echo "$UVERBS_MAJOR:$((UVERBS_MINOR_BASE + i))" >"$fn/infiniband_verbs/$uverbs/dev"

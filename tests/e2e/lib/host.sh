@@ -1,0 +1,206 @@
+# shellcheck shell=bash
+# What both end-to-end suites need to run daemons on this host and to leave it
+# as they found it: process handling, polling, and a record of the host state
+# that kubelets and containerd change whatever they are configured with.
+# The caller sets T (its temp dir, with T/host for the records) and CACHE.
+# shellcheck disable=SC2034 # the globals below are the sourcing suite's too
+
+# The kubelet hard-codes this path; --root-dir does not move it.
+DP_DIR=/var/lib/kubelet/device-plugins
+# Host-wide, whatever the cache dir: two runs would fight over the kubelet's
+# fixed device-plugin dir and ports.
+LOCK=/run/lock/efa-device-plugin-e2e.lock
+LOCK_HELD=
+# Kernel tunables the kubelet rewrites at start (protectKernelDefaults would
+# instead refuse to start on a host with other values).
+SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
+declare -A HOST_PATH_EXISTED=()
+declare -A SYSCTL_VALUE=()
+# Paths moved aside for the run and put back by restore_host_state.
+declare -A MOVED_ASIDE=()
+
+note() { printf '# %s\n' "$*" >&2; }
+
+# wait_until SECONDS CMD...: polls CMD until it succeeds or time runs out.
+wait_until() {
+	local end=$((SECONDS + $1))
+	shift
+	until "$@"; do
+		((SECONDS >= end)) && return 1
+		sleep 0.5
+	done
+}
+
+alive() {
+	[[ -r /proc/$1/stat ]] && [[ $(sed 's/.*) //' "/proc/$1/stat" | cut -d' ' -f1) != Z ]]
+}
+
+dead() { ! alive "$1"; }
+
+# stop_pid PID GRACE: SIGTERM, then SIGKILL after GRACE seconds. Returns the
+# exit status of PID, a child of this shell.
+stop_pid() {
+	local pid=$1 grace=$2
+	if alive "$pid"; then
+		kill -TERM "$pid" 2>/dev/null
+		if ! wait_until "$grace" dead "$pid"; then
+			note "pid $pid ignored SIGTERM for ${grace}s; killing it"
+			kill -KILL "$pid" 2>/dev/null
+			wait_until 10 dead "$pid"
+		fi
+	fi
+	wait "$pid" 2>/dev/null
+}
+
+# take_lock: one end-to-end run per host. fd 9 stays closed in the daemons
+# (start them with 9>&-) so a straggler cannot hold the lock.
+take_lock() {
+	exec 9>>"$LOCK"
+	flock -n 9 || return 1
+	LOCK_HELD=1
+}
+
+# apt_install CMD:PACKAGE...: installs the packages whose command is missing;
+# a bare PACKAGE is checked by its dpkg status instead.
+apt_install() {
+	local want missing=()
+	for want in "$@"; do
+		if [[ $want == *:* ]]; then
+			command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
+		elif [[ $(dpkg-query -W -f='${Status}' "$want" 2>/dev/null) != "install ok installed" ]]; then
+			missing+=("$want")
+		fi
+	done
+	((${#missing[@]} == 0)) && return 0
+	note "installing ${missing[*]}"
+	apt-get update -qq >&2 &&
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+# remember_host_state PATH...: records which of PATH... exist and what they
+# hold, the kubelet's tunables, cgroups, mounts and firewall rules.
+remember_host_state() {
+	local p s
+	for p in "$@"; do
+		if [[ -e $p ]]; then
+			HOST_PATH_EXISTED[$p]=1
+			find "$p" -mindepth 1 -maxdepth 1 | sort >"$T/host/$(tr / _ <<<"$p")"
+		fi
+	done
+	for s in "${SYSCTLS[@]}"; do
+		SYSCTL_VALUE[$s]=$(cat "/proc/sys/$s")
+	done
+	find /sys/fs/cgroup -mindepth 1 -type d | sort >"$T/host/cgroups"
+	awk '{print $5}' /proc/self/mountinfo | sort >"$T/host/mounts"
+	if command -v iptables-save >/dev/null; then
+		iptables-save >"$T/host/iptables" 2>/dev/null
+		ip6tables-save >"$T/host/ip6tables" 2>/dev/null
+	fi
+}
+
+# move_aside PATH: keeps what is at PATH out of the run (a checkpoint or
+# socket left by anything else would leak into the kubelet's state and our
+# assertions) and restore_host_state puts it back.
+move_aside() {
+	local keep
+	[[ -e $1 || -L $1 ]] || return 0
+	keep=$T/host/aside$(tr / _ <<<"$1")
+	mv "$1" "$keep"
+	MOVED_ASIDE[$1]=$keep
+}
+
+# kill_containerd ADDRESS STATE_DIR PID: kills every task in the k8s.io
+# namespace, then containerd, then the shims that outlive it.
+kill_containerd() {
+	local address=$1 state=$2 pid=$3 id pidfile shim
+	local -a ctr=(ctr --address "$address" --namespace k8s.io)
+	for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
+		"${ctr[@]}" tasks kill -s SIGKILL "$id"
+	done
+	for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
+		"${ctr[@]}" tasks delete -f "$id"
+	done
+	for id in $("${ctr[@]}" containers ls -q 2>/dev/null); do
+		"${ctr[@]}" containers delete "$id"
+	done
+	stop_pid "$pid" 15
+	# Shims' PIDs are in each task's bundle dir.
+	for pidfile in "$state"/io.containerd.runtime.v2.task/*/*/{init,shim}.pid; do
+		[[ -f $pidfile ]] || continue
+		shim=$(cat "$pidfile")
+		if alive "$shim" && grep -qF "$T" "/proc/$shim/cmdline" "/proc/$shim/cgroup" 2>/dev/null; then
+			kill -KILL "$shim"
+		fi
+	done
+}
+
+remove_new_cgroups() {
+	local dir pid
+	find /sys/fs/cgroup -mindepth 1 -type d | sort >"$T/host/cgroups.after"
+	comm -13 "$T/host/cgroups" "$T/host/cgroups.after" | awk -F/ '{print NF, $0}' | sort -rn | cut -d' ' -f2- >"$T/host/cgroups.new"
+	for _ in 1 2 3 4 5; do
+		while read -r dir; do
+			[[ -d $dir ]] || continue
+			while read -r pid; do
+				kill -KILL "$pid" 2>/dev/null
+			done <"$dir/cgroup.procs"
+			rmdir "$dir" 2>/dev/null
+		done <"$T/host/cgroups.new"
+		grep -q . <(while read -r dir; do [[ -d $dir ]] && echo "$dir"; done <"$T/host/cgroups.new") || return 0
+		sleep 1
+	done
+	note "cgroups left behind: $(while read -r dir; do [[ -d $dir ]] && echo "$dir"; done <"$T/host/cgroups.new" | paste -sd' ')"
+}
+
+unmount_new() {
+	local m
+	awk '{print $5}' /proc/self/mountinfo | sort -u | comm -13 "$T/host/mounts" - |
+		awk '{print length, $0}' | sort -rn | cut -d' ' -f2- |
+		while read -r m; do
+			umount -R "$m" 2>/dev/null || umount -l "$m" 2>/dev/null
+		done
+}
+
+# restore_host_state PATH...: undoes what remember_host_state recorded, for
+# the same PATH... list, then puts back what move_aside kept.
+restore_host_state() {
+	local p entry s
+	remove_new_cgroups
+	unmount_new
+	for p in "$@"; do
+		if [[ -z ${HOST_PATH_EXISTED[$p]:-} ]]; then
+			rm -rf "$p"
+		elif [[ -d $p ]]; then
+			find "$p" -mindepth 1 -maxdepth 1 | sort | comm -13 "$T/host/$(tr / _ <<<"$p")" - |
+				while read -r entry; do rm -rf "$entry"; done
+		fi
+	done
+	for p in "${!MOVED_ASIDE[@]}"; do
+		rm -rf "$p"
+		mkdir -p "$(dirname "$p")"
+		mv "${MOVED_ASIDE[$p]}" "$p"
+	done
+	for s in "${!SYSCTL_VALUE[@]}"; do
+		[[ $(cat "/proc/sys/$s") == "${SYSCTL_VALUE[$s]}" ]] || echo "${SYSCTL_VALUE[$s]}" >"/proc/sys/$s"
+	done
+	if [[ -f $T/host/iptables ]]; then
+		rules_changed iptables && iptables-restore <"$T/host/iptables"
+		rules_changed ip6tables && ip6tables-restore <"$T/host/ip6tables"
+	fi
+	return 0
+}
+
+# rules_changed iptables|ip6tables: the rules differ from the recorded ones,
+# comments and packet counters aside.
+rules_changed() {
+	local strip='/^#/d; s/\[[0-9]*:[0-9]*\]//'
+	[[ $("$1-save" 2>/dev/null | sed "$strip") != $(sed "$strip" "$T/host/$1") ]]
+}
+
+# keep_logs: the temp dir goes, the logs stay in the cache, so a failed run
+# can be read afterwards.
+keep_logs() {
+	rm -rf "$CACHE/logs-$1"
+	cp -r "$T/logs" "$CACHE/logs-$1"
+	note "logs: $CACHE/logs-$1"
+}
