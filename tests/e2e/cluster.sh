@@ -284,7 +284,7 @@ setup() {
 	take_lock || fail_setup "another e2e run holds $LOCK"
 	mkdir -p "$CACHE"
 	apt_install runc:runc curl:curl python3:python3 openssl:openssl buildah:buildah iptables:iptables \
-		busybox-static containernetworking-plugins || fail_setup "apt-get install failed"
+		busybox-static containernetworking-plugins python3-yaml || fail_setup "apt-get install failed"
 	for port in "$ETCD_PORT" $((ETCD_PORT + 1)) "$APISERVER_PORT" 10250 "$KUBELET_HEALTHZ_PORT" 10257 10259; do
 		[[ -z $(ss -Hltn "sport = :$port") ]] || fail_setup "port $port is in use; is another cluster running?"
 	done
