@@ -181,7 +181,7 @@ fn list_json_has_exactly_the_documented_keys() {
         serde_json::from_str(&stdout).unwrap();
     assert_eq!(rows.len(), 1);
     let keys: Vec<&str> = rows[0].keys().map(String::as_str).collect();
-    let mut expected = vec!["id", "ibdev", "uverbs", "numa_node", "health"];
+    let mut expected = vec!["id", "ibdev", "uverbs", "numa_node", "health", "cdi_devices"];
     expected.sort();
     let mut keys_sorted = keys.clone();
     keys_sorted.sort();
@@ -191,6 +191,10 @@ fn list_json_has_exactly_the_documented_keys() {
     assert_eq!(rows[0]["uverbs"], "uverbs0");
     assert_eq!(rows[0]["numa_node"], serde_json::Value::Null);
     assert_eq!(rows[0]["health"], "Healthy");
+    assert_eq!(
+        rows[0]["cdi_devices"],
+        serde_json::json!(["vpc.amazonaws.com/efa=0000:00:1c.0"])
+    );
 }
 
 #[test]
