@@ -167,8 +167,9 @@ pub struct SpecSettings {
 
 /// The spec for `inventory`: every device the kubelet is told about, healthy or not (a container
 /// that holds a device that turned unhealthy may still be restarted), once per advertised ID,
-/// each with its uverbs node at the path libibverbs expects.
-pub fn render(inventory: &Inventory, settings: &SpecSettings) -> String {
+/// each with its uverbs node at the path libibverbs expects. `None` without devices: CDI counts
+/// a spec with no device as an error, which runtimes would report for every container.
+pub fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<String> {
     let devices: Vec<Device> = inventory
         .devices()
         .flat_map(|record| {
@@ -187,6 +188,9 @@ pub fn render(inventory: &Inventory, settings: &SpecSettings) -> String {
             })
         })
         .collect();
+    if devices.is_empty() {
+        return None;
+    }
     let spec = Spec {
         cdi_version: version(&settings.kind, &devices),
         kind: settings.kind.to_string(),
@@ -199,9 +203,9 @@ pub fn render(inventory: &Inventory, settings: &SpecSettings) -> String {
                 .collect(),
         },
     };
-    let mut text = serde_json::to_string_pretty(&spec).unwrap_or_default();
+    let mut text = serde_json::to_string_pretty(&spec).ok()?;
     text.push('\n');
-    text
+    Some(text)
 }
 
 /// Keeps the spec file in `dir` current until `shutdown`, then removes it; failed writes are
@@ -257,8 +261,8 @@ mod tests {
         }
     }
 
-    fn parse(text: &str) -> serde_json::Value {
-        serde_json::from_str(text).unwrap()
+    fn parse(text: &Option<String>) -> serde_json::Value {
+        serde_json::from_str(text.as_deref().expect("a spec")).unwrap()
     }
 
     #[test]
@@ -348,10 +352,13 @@ mod tests {
 
     #[test]
     fn version_is_the_oldest_with_the_features_used() {
-        assert_eq!(
-            parse(&render(&Inventory::default(), &settings(1, &[])))["cdiVersion"],
-            "0.3.0"
-        );
+        assert_eq!(render(&Inventory::default(), &settings(1, &[])), None);
+        let mut odd = inventory(Shape::G5).devices().next().unwrap().clone();
+        odd.efa.id = "pci/0".into();
+        let odd = Inventory::default().observe(vec![odd]).0;
+        let spec = parse(&render(&odd, &settings(1, &[])));
+        assert_eq!(spec["devices"][0]["name"], "id-7063692f30");
+        assert_eq!(spec["cdiVersion"], "0.3.0");
         let dotted = SpecSettings {
             kind: Kind::of("example.com/efa.shared").unwrap(),
             ..settings(1, &[])

@@ -28,12 +28,13 @@ pub struct HostFile {
 }
 
 impl HostFile {
-    /// Keeps the file equal to `render` of the current snapshot until `shutdown`, then removes
-    /// it. Never fails: a write error is logged, counted and retried.
+    /// Keeps the file equal to `render` of the current snapshot, absent while that is `None`,
+    /// until `shutdown`, then removes it. Never fails: a write error is logged, counted and
+    /// retried.
     pub async fn follow(
         self,
         state: DeviceState,
-        render: impl Fn(&Inventory) -> String,
+        render: impl Fn(&Inventory) -> Option<String>,
         shutdown: CancellationToken,
     ) {
         let mut devices = state.subscribe();
@@ -41,9 +42,12 @@ impl HostFile {
         // The error of the failing streak, so a streak logs once rather than every retry.
         let mut failing: Option<String> = None;
         loop {
-            let text = render(&devices.borrow_and_update());
+            let wanted = render(&devices.borrow_and_update());
             let mut retry = None;
-            if written.as_ref() != Some(&text) {
+            if wanted.is_none() && written.take().is_some() {
+                self.remove();
+            }
+            if let Some(text) = wanted.filter(|text| written.as_ref() != Some(text)) {
                 match write_atomically(&self.path, &text) {
                     Ok(()) => {
                         if failing.take().is_some() {
@@ -76,6 +80,10 @@ impl HostFile {
                 _ = pause(retry) => {}
             }
         }
+        self.remove();
+    }
+
+    fn remove(&self) {
         match std::fs::remove_file(&self.path) {
             Err(err) if err.kind() != io::ErrorKind::NotFound => tracing::warn!(
                 file = %self.path.display(),
@@ -148,7 +156,7 @@ mod tests {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(file.follow(
             state.clone(),
-            |inventory| inventory.devices().len().to_string(),
+            |inventory| Some(inventory.devices().len().to_string()),
             shutdown.clone(),
         ));
         wait_until("two failed attempts", || failures.get() >= 2).await;

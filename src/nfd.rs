@@ -54,7 +54,8 @@ pub async fn run(path: PathBuf, retry: Duration, state: DeviceState, shutdown: C
         retry,
         failures: None,
     };
-    file.follow(state, render, shutdown).await
+    file.follow(state, |inventory| Some(render(inventory)), shutdown)
+        .await
 }
 
 #[cfg(test)]

@@ -193,6 +193,25 @@ async fn spec_follows_the_devices_and_goes_on_sigterm() {
 }
 
 #[tokio::test]
+async fn no_spec_until_there_is_a_device() {
+    let mut h = Harness::new(Shape::NoEfa);
+    let dir = spec_dir(&h).display().to_string();
+    h.spawn_plugin(&["--device-list-strategy", "cdi", "--cdi-spec-dir", &dir]);
+    h.wait("an empty registration", |v| {
+        v.stream_open && v.snapshots > 0
+    })
+    .await;
+    // CDI counts a spec without devices as an error, so there is none.
+    assert!(read_spec(&h).is_none());
+    let late = simulate::devices(Shape::P4d).remove(0);
+    h.node.add(&late).unwrap();
+    eventually("the first spec", || {
+        read_spec(&h).is_some_and(|spec| spec_names(&spec) == [late.bdf.clone()])
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn a_failed_spec_write_is_retried_logged_and_counted() {
     let mut h = Harness::new(Shape::P4d);
     // A regular file where the spec dir should be: every write fails until it is replaced.
