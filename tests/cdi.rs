@@ -343,3 +343,56 @@ fn bad_strategy_and_env_are_refused_with_one_line() {
         assert_one_line_error(run_binary(&["--config", &config], &[]), &names);
     }
 }
+
+/// Writes each fixture's spec, as the plugin wrote it, with the names Allocate answered for
+/// every advertised ID, into `$EFA_DP_CDI_SPEC_OUT/<fixture>/`, for tests/cdi/validate.sh to
+/// check against the upstream schema and library.
+#[tokio::test]
+#[ignore = "run by tests/cdi/validate.sh, which validates what it writes"]
+async fn write_specs_for_validation() {
+    let out = PathBuf::from(std::env::var_os("EFA_DP_CDI_SPEC_OUT").expect("EFA_DP_CDI_SPEC_OUT"));
+    let env = [
+        "--allocate-env",
+        "FI_PROVIDER=efa",
+        "--allocate-env",
+        "FI_EFA_USE_DEVICE_RDMA=1",
+    ];
+    let fixtures: [(&str, Shape, usize, &[&str]); 5] = [
+        ("p4d", Shape::P4d, 1, &env),
+        ("p5", Shape::P5, 1, &[]),
+        ("dense256", Shape::Dense256, 1, &env),
+        ("p4d-shared", Shape::P4d, 4, &env),
+        ("dense256-shared", Shape::Dense256, 8, &[]),
+    ];
+    for (fixture, shape, replicas, extra) in fixtures {
+        let replicas_arg = replicas.to_string();
+        let mut args = vec!["--sharing-replicas", &replicas_arg];
+        args.extend_from_slice(extra);
+        let mut h = cdi_plugin(shape, &args).await;
+        let expected = h.efas().len() * replicas;
+        let view = h.wait("every ID", |v| v.devices.len() == expected).await;
+        let ids: Vec<&str> = view.devices.iter().map(|d| d.id.as_str()).collect();
+        let containers: Vec<&[&str]> = ids.chunks(1).collect();
+        let names: Vec<String> = allocate(&h, &containers)
+            .await
+            .container_responses
+            .into_iter()
+            .flat_map(|c| c.cdi_devices.into_iter().map(|d| d.name))
+            .collect();
+        assert_eq!(names.len(), expected, "{fixture}: one name per ID");
+        eventually("the spec with every ID", || {
+            read_spec(&h).is_some_and(|spec| spec_names(&spec).len() == expected)
+        })
+        .await;
+        let dir = out.join(fixture);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::copy(spec_dir(&h).join(SPEC_FILE), dir.join(SPEC_FILE)).unwrap();
+        std::fs::write(dir.join("expected-devices.txt"), names.join("\n") + "\n").unwrap();
+        let (status, _) = h.terminate_plugin();
+        assert!(status.success(), "{fixture}");
+        assert!(
+            !spec_dir(&h).join(SPEC_FILE).exists(),
+            "{fixture}: removed on exit"
+        );
+    }
+}
