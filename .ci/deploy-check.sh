@@ -89,12 +89,30 @@ render() {
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
       --set nodeScope.mode=labelled >"$work/helm-labelled.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
-      -f "$repo/tests/deploy/values-variant.yaml" >"$work/helm-variant.yaml"
+      -f "$repo/tests/deploy/values-variant.yaml" >"$work/helm-variant.yaml" &&
+    render_cdi
+}
+
+# The CDI component is used from an overlay, as a user would; the overlay sits
+# outside $work/*.yaml, which the validators read.
+render_cdi() {
+  mkdir -p "$work/overlay-cdi" &&
+    printf 'resources:\n  - %s\ncomponents:\n  - %s\n' "$repo/manifests" "$repo/manifests/components/cdi" \
+      >"$work/overlay-cdi/kustomization.yaml" &&
+    "$kustomize" build "$work/overlay-cdi" >"$work/plain-cdi.yaml" &&
+    "$helm" template efa-device-plugin "$chart" --namespace kube-system \
+      --set cdi.enabled=true >"$work/helm-cdi.yaml"
 }
 
 compare_renders() {
   "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain.yaml" "$work/helm.yaml" &&
-    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-labelled.yaml" "$work/helm-labelled.yaml"
+    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-labelled.yaml" "$work/helm-labelled.yaml" &&
+    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-cdi.yaml" "$work/helm-cdi.yaml"
+}
+
+cdi_switch() {
+  "$venv/bin/python" tests/deploy/cdi_switch.py "$work/plain.yaml" "$work/plain-cdi.yaml" &&
+    "$venv/bin/python" tests/deploy/cdi_switch.py "$work/helm.yaml" "$work/helm-cdi.yaml"
 }
 
 helm_lint() {
@@ -145,7 +163,7 @@ main() {
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
   step "shellcheck .ci" "$venv/bin/shellcheck" .ci/*.sh
-  step "render manifests (kustomize base and labelled, helm default, labelled and variant values)" render
+  step "render manifests (kustomize base, labelled and cdi, helm default, labelled, cdi and variant values)" render
   step "helm lint" helm_lint
   local version
   for version in "${kubernetes_versions[@]}"; do
@@ -153,7 +171,8 @@ main() {
       --kubernetes-version "$version" "$work"/*.yaml
   done
   step "checkov" run_checkov
-  step "helm renders the plain manifests, default and labelled" compare_renders
+  step "helm renders the plain manifests, default, labelled and cdi" compare_renders
+  step "turning CDI on adds only the spec dir, writable" cdi_switch
   step "helm values switches take effect" \
     "$venv/bin/python" tests/deploy/chart_switches.py tests/deploy/values-variant.yaml "$work/helm-variant.yaml"
 
@@ -163,7 +182,8 @@ main() {
   step "binary is static and under $((max_binary_bytes / 1000000)) MB" check_static_binary "$bin"
   step "binary runs --help and list on an empty sysfs" smoke_test_binary "$bin"
   step "manifests fit the binary's flags, defaults and paths" "$venv/bin/python" tests/deploy/drift_check.py \
-    "$bin" "$repo" "$work/plain.yaml" "$work/helm.yaml" "$work/helm-variant.yaml"
+    "$bin" "$repo" "$work/plain.yaml" "$work/helm.yaml" "$work/helm-variant.yaml" \
+    "$work/plain-cdi.yaml" "$work/helm-cdi.yaml"
 
   [[ $host == aarch64-* ]] && cross=x86_64-unknown-linux-gnu || cross=aarch64-unknown-linux-gnu
   if ! command -v rustup >/dev/null; then
