@@ -219,7 +219,7 @@ pub struct Options {
     )]
     pub cdi_spec_dir: PathBuf,
     /// Environment variable set in every container that gets an EFA; repeatable. A comma starts
-    /// another pair only when NAME= follows it, so values may hold commas.
+    /// another pair only when an '=' follows before the next comma, so values may hold commas.
     #[arg(
         long,
         env = "EFA_DP_ALLOCATE_ENV",
@@ -427,22 +427,20 @@ pub fn parse_bool(text: &str) -> Result<bool, String> {
     }
 }
 
-/// One or more `KEY=VALUE` pairs. A comma separates pairs only where a valid name and `=`
-/// follow it, so `NCCL_SOCKET_IFNAME=^lo,docker` stays one pair.
+/// One or more `KEY=VALUE` pairs. A comma starts another pair only when an `=` follows it
+/// before the next comma, so `NCCL_SOCKET_IFNAME=^lo,docker` stays one pair.
 pub fn parse_env_pairs(text: &str) -> Result<EnvPairs, String> {
     let mut pairs: Vec<(String, String)> = Vec::new();
     for piece in text.split(',') {
-        match piece.split_once('=') {
-            Some((key, value)) if is_env_name(key) => {
-                pairs.push((key.to_owned(), value.to_owned()))
+        match (piece.split_once('='), pairs.last_mut()) {
+            (Some((key, value)), _) => pairs.push((key.to_owned(), value.to_owned())),
+            (None, Some((_, value))) => {
+                value.push(',');
+                value.push_str(piece);
             }
-            _ => match pairs.last_mut() {
-                Some((_, value)) => {
-                    value.push(',');
-                    value.push_str(piece);
-                }
-                None => return Err(env_pair_error(text)),
-            },
+            (None, None) => {
+                return Err(format!("invalid environment entry {text:?}: use KEY=VALUE"));
+            }
         }
     }
     for (key, value) in &pairs {
@@ -451,23 +449,12 @@ pub fn parse_env_pairs(text: &str) -> Result<EnvPairs, String> {
     Ok(EnvPairs(pairs))
 }
 
-fn env_pair_error(text: &str) -> String {
-    match text.split_once('=') {
-        Some((key, _)) => invalid_env_name(key),
-        None => format!("invalid environment entry {text:?}: use KEY=VALUE"),
-    }
-}
-
-fn invalid_env_name(key: &str) -> String {
-    format!(
-        "invalid environment variable name {key:?}: use letters, digits and '_', not starting with a digit"
-    )
-}
-
 /// What the runtime can set: a POSIX name, and a value that fits in a C string.
 pub fn validate_env(key: &str, value: &str) -> Result<(), String> {
     if !is_env_name(key) {
-        return Err(invalid_env_name(key));
+        return Err(format!(
+            "invalid environment variable name {key:?}: use letters, digits and '_', not starting with a digit"
+        ));
     }
     if value.contains('\0') {
         return Err(format!(

@@ -301,6 +301,10 @@ fn bad_strategy_and_env_are_refused_with_one_line() {
         &["--allocate-env", "FI-PROVIDER"],
     );
     assert_one_line_error(
+        run_binary(&["--allocate-env", "A=1,B-C=2"], &[]),
+        &["--allocate-env", "B-C"],
+    );
+    assert_one_line_error(
         run_binary(&["--allocate-env", "FI_PROVIDER"], &[]),
         &["--allocate-env", "KEY=VALUE"],
     );

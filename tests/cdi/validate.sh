@@ -24,7 +24,7 @@ schema_version=v0.8.1
 python_tools=(jsonschema==4.23.0)
 venv=$cache/cdi-schema-venv
 
-# shellcheck source=../e2e/lib/build.sh
+# shellcheck source=SCRIPTDIR/../e2e/lib/build.sh
 source "$repo/tests/e2e/lib/build.sh"
 
 work=$(mktemp -d)
