@@ -94,12 +94,15 @@ render() {
 }
 
 # The CDI component is used from an overlay, as a user would; the overlay sits
-# outside $work/*.yaml, which the validators read.
+# outside $work/*.yaml, which the validators read. kustomize takes relative
+# paths only.
 render_cdi() {
-  mkdir -p "$work/overlay-cdi" &&
-    printf 'resources:\n  - %s\ncomponents:\n  - %s\n' "$repo/manifests" "$repo/manifests/components/cdi" \
-      >"$work/overlay-cdi/kustomization.yaml" &&
-    "$kustomize" build "$work/overlay-cdi" >"$work/plain-cdi.yaml" &&
+  local overlay=$work/overlay-cdi
+  mkdir -p "$overlay" &&
+    printf 'resources:\n  - %s\ncomponents:\n  - %s\n' \
+      "$(realpath --relative-to="$overlay" "$repo/manifests")" \
+      "$(realpath --relative-to="$overlay" "$repo/manifests/components/cdi")" >"$overlay/kustomization.yaml" &&
+    "$kustomize" build "$overlay" >"$work/plain-cdi.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
       --set cdi.enabled=true >"$work/helm-cdi.yaml"
 }
