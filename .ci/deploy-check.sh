@@ -89,12 +89,33 @@ render() {
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
       --set nodeScope.mode=labelled >"$work/helm-labelled.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
-      -f "$repo/tests/deploy/values-variant.yaml" >"$work/helm-variant.yaml"
+      -f "$repo/tests/deploy/values-variant.yaml" >"$work/helm-variant.yaml" &&
+    render_cdi
+}
+
+# The CDI component is used from an overlay, as a user would; the overlay sits
+# outside $work/*.yaml, which the validators read. kustomize takes relative
+# paths only.
+render_cdi() {
+  local overlay=$work/overlay-cdi
+  mkdir -p "$overlay" &&
+    printf 'resources:\n  - %s\ncomponents:\n  - %s\n' \
+      "$(realpath --relative-to="$overlay" "$repo/manifests")" \
+      "$(realpath --relative-to="$overlay" "$repo/manifests/components/cdi")" >"$overlay/kustomization.yaml" &&
+    "$kustomize" build "$overlay" >"$work/plain-cdi.yaml" &&
+    "$helm" template efa-device-plugin "$chart" --namespace kube-system \
+      --set cdi.enabled=true >"$work/helm-cdi.yaml"
 }
 
 compare_renders() {
   "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain.yaml" "$work/helm.yaml" &&
-    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-labelled.yaml" "$work/helm-labelled.yaml"
+    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-labelled.yaml" "$work/helm-labelled.yaml" &&
+    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-cdi.yaml" "$work/helm-cdi.yaml"
+}
+
+cdi_switch() {
+  "$venv/bin/python" tests/deploy/cdi_switch.py "$work/plain.yaml" "$work/plain-cdi.yaml" &&
+    "$venv/bin/python" tests/deploy/cdi_switch.py "$work/helm.yaml" "$work/helm-cdi.yaml"
 }
 
 helm_lint() {
@@ -144,8 +165,8 @@ main() {
   step "install go tools (helm ${helm_module##*@}, kustomize ${kustomize_module##*@})" install_go_tools
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
-  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh
-  step "render manifests (kustomize base and labelled, helm default, labelled and variant values)" render
+  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/cdi/*.sh
+  step "render manifests (kustomize base, labelled and cdi, helm default, labelled, cdi and variant values)" render
   step "helm lint" helm_lint
   local version
   for version in "${kubernetes_versions[@]}"; do
@@ -153,7 +174,8 @@ main() {
       --kubernetes-version "$version" "$work"/*.yaml
   done
   step "checkov" run_checkov
-  step "helm renders the plain manifests, default and labelled" compare_renders
+  step "helm renders the plain manifests, default, labelled and cdi" compare_renders
+  step "turning CDI on adds only the spec dir, writable" cdi_switch
   step "helm values switches take effect" \
     "$venv/bin/python" tests/deploy/chart_switches.py tests/deploy/values-variant.yaml "$work/helm-variant.yaml"
 
@@ -163,7 +185,8 @@ main() {
   step "binary is static and under $((max_binary_bytes / 1000000)) MB" check_static_binary "$bin"
   step "binary runs --help and list on an empty sysfs" smoke_test_binary "$bin"
   step "manifests fit the binary's flags, defaults and paths" "$venv/bin/python" tests/deploy/drift_check.py \
-    "$bin" "$repo" "$work/plain.yaml" "$work/helm.yaml" "$work/helm-variant.yaml"
+    "$bin" "$repo" "$work/plain.yaml" "$work/helm.yaml" "$work/helm-variant.yaml" \
+    "$work/plain-cdi.yaml" "$work/helm-cdi.yaml"
 
   [[ $host == aarch64-* ]] && cross=x86_64-unknown-linux-gnu || cross=aarch64-unknown-linux-gnu
   if ! command -v rustup >/dev/null; then

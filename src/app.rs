@@ -8,8 +8,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::allocation::{Allocator, DeviceNodes};
-use crate::config::Settings;
+use prometheus_client::metrics::counter::Counter;
+
+use crate::allocation::{Allocator, Contributor, DeviceNodes, Environment};
+use crate::cdi::{self, CdiDevices, Kind, SpecSettings};
+use crate::config::{DeviceListStrategy, Settings};
 use crate::conflict::Guard;
 use crate::health::Monitor;
 use crate::lifecycle::{Lifecycle, PluginStatus};
@@ -41,11 +44,28 @@ impl Plugin {
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
         let allocations = Arc::new(AllocationMetrics::default());
+        let cdi = match settings.device_list_strategy {
+            DeviceListStrategy::DeviceSpecs => None,
+            DeviceListStrategy::Cdi => Some(CdiSpec {
+                settings: SpecSettings {
+                    kind: Kind::of(&settings.resource_name).map_err(anyhow::Error::msg)?,
+                    sharing: settings.sharing,
+                    env: settings.allocate.env.clone(),
+                },
+                failures: Counter::default(),
+            }),
+        };
         // Bound before anything else starts, so a taken port fails the start with one line.
         let endpoint = match settings.metrics_address {
             Some(address) => Some(
-                self.endpoint(settings, &allocations, address, &shutdown)
-                    .await?,
+                self.endpoint(
+                    settings,
+                    &allocations,
+                    cdi.as_ref().map(|spec| spec.failures.clone()),
+                    address,
+                    &shutdown,
+                )
+                .await?,
             ),
             None => None,
         };
@@ -63,20 +83,45 @@ impl Plugin {
         if let Some(path) = &settings.nfd_features_file {
             tasks.push(tokio::spawn(crate::nfd::run(
                 path.clone(),
+                settings.rescan_interval,
                 self.state.clone(),
                 shutdown.clone(),
             )));
         }
+        let contributors: Vec<Box<dyn Contributor>> = match cdi {
+            None => vec![
+                Box::new(DeviceNodes {
+                    dev_root: settings.dev_root.clone(),
+                }),
+                Box::new(Environment {
+                    env: settings.allocate.env.clone(),
+                }),
+            ],
+            Some(spec) => {
+                let contributor = CdiDevices {
+                    kind: spec.settings.kind.clone(),
+                };
+                // The writer's first attempt runs at the lifecycle's first await, on this one
+                // runtime thread: before the kubelet can even register, let alone allocate.
+                tasks.push(tokio::spawn(cdi::run(
+                    settings.cdi_spec_dir.clone(),
+                    spec.settings,
+                    settings.rescan_interval,
+                    spec.failures,
+                    self.state.clone(),
+                    shutdown.clone(),
+                )));
+                vec![Box::new(contributor)]
+            }
+        };
         let lifecycle = Lifecycle {
             dir: settings.device_plugin_dir.clone(),
             resource_name: settings.resource_name.clone(),
             state: self.state.clone(),
             allocator: Arc::new(
-                Allocator::new(vec![Box::new(DeviceNodes {
-                    dev_root: settings.dev_root.clone(),
-                })])
-                .with_sharing(settings.sharing)
-                .with_metrics(allocations),
+                Allocator::new(contributors)
+                    .with_sharing(settings.sharing)
+                    .with_metrics(allocations),
             ),
             status: self.status.clone(),
         };
@@ -92,6 +137,7 @@ impl Plugin {
         &self,
         settings: &Settings,
         allocations: &AllocationMetrics,
+        cdi_failures: Option<Counter>,
         address: std::net::SocketAddr,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<JoinHandle<()>> {
@@ -100,17 +146,25 @@ impl Plugin {
             .with_context(|| format!("--metrics-address {address}"))?;
         let bound = listener.local_addr()?;
         tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
-        let endpoint = Arc::new(Endpoint {
-            metrics: Metrics::new(
-                self.state.clone(),
-                self.status.subscribe(),
-                allocations,
-                &settings.sysfs_root,
-                PodResources::new(
-                    settings.pod_resources_socket.clone(),
-                    settings.resource_name.clone(),
-                ),
+        let mut metrics = Metrics::new(
+            self.state.clone(),
+            self.status.subscribe(),
+            allocations,
+            &settings.sysfs_root,
+            PodResources::new(
+                settings.pod_resources_socket.clone(),
+                settings.resource_name.clone(),
             ),
+        );
+        if let Some(failures) = cdi_failures {
+            metrics.register_counter(
+                "efa_device_plugin_cdi_spec_write_failures",
+                "Failed attempts to write the CDI spec file (each is retried)",
+                failures,
+            );
+        }
+        let endpoint = Arc::new(Endpoint {
+            metrics,
             status: self.status.subscribe(),
             stopped: shutdown.clone(),
         });
@@ -140,6 +194,12 @@ impl Plugin {
         guard.refresh();
         Some(tokio::spawn(guard.run(shutdown.clone())))
     }
+}
+
+/// The cdi strategy's spec file, before its writer starts.
+struct CdiSpec {
+    settings: SpecSettings,
+    failures: Counter,
 }
 
 impl Default for Plugin {

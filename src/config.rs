@@ -3,6 +3,7 @@
 //! Precedence is flag, then `EFA_DP_<NAME>`, then the YAML file given by `--config`, then the
 //! default. Every problem is reported as one line that names the flag, variable or file.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -198,7 +199,52 @@ pub struct Options {
         global = true
     )]
     pub nfd_features_file: OptionalPath,
+    /// How Allocate hands devices to the runtime: device-specs (DeviceSpecs, every kubelet and
+    /// runtime) or cdi (CDI names and a spec file; kubelet 1.28+ and a runtime with CDI on).
+    #[arg(
+        long,
+        env = "EFA_DP_DEVICE_LIST_STRATEGY",
+        value_enum,
+        default_value = "device-specs",
+        global = true
+    )]
+    pub device_list_strategy: DeviceListStrategy,
+    /// Directory the runtime reads CDI specs from; the plugin writes its spec there in cdi mode.
+    #[arg(
+        long,
+        env = "EFA_DP_CDI_SPEC_DIR",
+        default_value = "/var/run/cdi",
+        value_name = "DIR",
+        global = true
+    )]
+    pub cdi_spec_dir: PathBuf,
+    /// Environment variable set in every container that gets an EFA; repeatable. A comma starts
+    /// another pair only when an '=' follows before the next comma, so values may hold commas.
+    #[arg(
+        long,
+        env = "EFA_DP_ALLOCATE_ENV",
+        value_name = "KEY=VALUE",
+        value_parser = parse_env_pairs,
+        action = clap::ArgAction::Append,
+        global = true
+    )]
+    pub allocate_env: Vec<EnvPairs>,
 }
+
+/// How allocated devices reach the container runtime.
+#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeviceListStrategy {
+    /// One DeviceSpec per uverbs node in the Allocate answer.
+    #[default]
+    DeviceSpecs,
+    /// CDI device names in the Allocate answer; the nodes are in the plugin's CDI spec file.
+    Cdi,
+}
+
+/// `KEY=VALUE` pairs from one `--allocate-env` (or `EFA_DP_ALLOCATE_ENV`), in order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EnvPairs(pub Vec<(String, String)>);
 
 /// `None` when the endpoint is disabled. A named type, so clap parses the whole flag into it.
 pub type MetricsAddress = Option<SocketAddr>;
@@ -224,7 +270,18 @@ struct FileConfig {
     dra_drivers: Option<Vec<String>>,
     allow_dra_coexistence: Option<bool>,
     nfd_features_file: Option<PathBuf>,
+    device_list_strategy: Option<String>,
+    cdi_spec_dir: Option<PathBuf>,
     sharing: Option<FileSharing>,
+    allocate: Option<FileAllocate>,
+}
+
+/// `allocate:` in the config file: what every allocation gets besides its devices.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileAllocate {
+    /// Values kept as YAML, so `FI_EFA_USE_DEVICE_RDMA: 1` is the string "1".
+    env: Option<BTreeMap<String, serde_yaml::Value>>,
 }
 
 /// `sharing:` in the config file, grouped because more sharing knobs may follow.
@@ -256,6 +313,17 @@ pub struct Settings {
     pub allow_dra_coexistence: bool,
     #[serde(serialize_with = "serialize_optional_path")]
     pub nfd_features_file: Option<PathBuf>,
+    pub device_list_strategy: DeviceListStrategy,
+    pub cdi_spec_dir: PathBuf,
+    pub allocate: AllocateSettings,
+}
+
+/// What every allocation gets besides its devices.
+#[derive(Serialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct AllocateSettings {
+    /// Set in each container: through the Allocate answer with device-specs, through the CDI
+    /// spec with cdi.
+    pub env: BTreeMap<String, String>,
 }
 
 impl Default for Settings {
@@ -277,6 +345,9 @@ impl Default for Settings {
             dra_drivers: o.dra_drivers,
             allow_dra_coexistence: o.allow_dra_coexistence,
             nfd_features_file: o.nfd_features_file,
+            device_list_strategy: o.device_list_strategy,
+            cdi_spec_dir: o.cdi_spec_dir,
+            allocate: AllocateSettings::default(),
         }
     }
 }
@@ -354,6 +425,52 @@ pub fn parse_bool(text: &str) -> Result<bool, String> {
         "false" | "0" | "no" | "off" => Ok(false),
         _ => Err(format!("invalid value {text:?}: use true or false")),
     }
+}
+
+/// One or more `KEY=VALUE` pairs. A comma starts another pair only when an `=` follows it
+/// before the next comma, so `NCCL_SOCKET_IFNAME=^lo,docker` stays one pair.
+pub fn parse_env_pairs(text: &str) -> Result<EnvPairs, String> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for piece in text.split(',') {
+        match (piece.split_once('='), pairs.last_mut()) {
+            (Some((key, value)), _) => pairs.push((key.to_owned(), value.to_owned())),
+            (None, Some((_, value))) => {
+                value.push(',');
+                value.push_str(piece);
+            }
+            (None, None) => {
+                return Err(format!("invalid environment entry {text:?}: use KEY=VALUE"));
+            }
+        }
+    }
+    for (key, value) in &pairs {
+        validate_env(key, value)?;
+    }
+    Ok(EnvPairs(pairs))
+}
+
+/// What the runtime can set: a POSIX name, and a value that fits in a C string.
+pub fn validate_env(key: &str, value: &str) -> Result<(), String> {
+    if !is_env_name(key) {
+        return Err(format!(
+            "invalid environment variable name {key:?}: use letters, digits and '_', not starting with a digit"
+        ));
+    }
+    if value.contains('\0') {
+        return Err(format!(
+            "invalid value for environment variable {key}: contains a NUL character"
+        ));
+    }
+    Ok(())
+}
+
+fn is_env_name(key: &str) -> bool {
+    let bytes = key.as_bytes();
+    !bytes.is_empty()
+        && !bytes[0].is_ascii_digit()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || *b == b'_')
 }
 
 fn parse_optional_path(text: &str) -> Result<Option<PathBuf>, String> {
@@ -607,6 +724,24 @@ fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, Co
             file.nfd_features_file.map(|p| p.display().to_string()),
             parse_optional_path,
         )?,
+        device_list_strategy: merge.pick(
+            "device-list-strategy",
+            options.device_list_strategy,
+            file.device_list_strategy,
+            |text| {
+                DeviceListStrategy::from_str(text, false)
+                    .map_err(|_| format!("invalid value {text:?}: use device-specs or cdi"))
+            },
+        )?,
+        cdi_spec_dir: merge.pick(
+            "cdi-spec-dir",
+            options.cdi_spec_dir.clone(),
+            file.cdi_spec_dir.map(|p| p.display().to_string()),
+            path,
+        )?,
+        allocate: AllocateSettings {
+            env: allocate_env(&merge, options, file.allocate.and_then(|a| a.env))?,
+        },
     };
     validate_resource_name(&settings.resource_name).map_err(|err| {
         ConfigError(format!(
@@ -614,7 +749,56 @@ fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, Co
             merge.origin("resource-name", "EFA_DP_RESOURCE_NAME")
         ))
     })?;
+    if settings.device_list_strategy == DeviceListStrategy::Cdi {
+        crate::cdi::Kind::of(&settings.resource_name).map_err(|err| {
+            ConfigError(format!(
+                "{}: {err} (needed by --device-list-strategy=cdi)",
+                merge.origin("resource-name", "EFA_DP_RESOURCE_NAME")
+            ))
+        })?;
+    }
     Ok(settings)
+}
+
+/// The flag's or variable's pairs when given, else the file's map, each entry checked alike.
+fn allocate_env(
+    merge: &Merge,
+    options: &Options,
+    from_file: Option<BTreeMap<String, serde_yaml::Value>>,
+) -> Result<BTreeMap<String, String>, ConfigError> {
+    let given = options
+        .allocate_env
+        .iter()
+        .flat_map(|pairs| pairs.0.iter().cloned())
+        .collect();
+    if merge.matches.value_source("allocate_env").is_some() {
+        return Ok(given);
+    }
+    let (Some(entries), Some(path)) = (from_file, merge.path) else {
+        return Ok(given);
+    };
+    entries
+        .into_iter()
+        .map(|(key, value)| {
+            let checked = match &value {
+                serde_yaml::Value::String(_)
+                | serde_yaml::Value::Number(_)
+                | serde_yaml::Value::Bool(_) => {
+                    let text = yaml_scalar(&value);
+                    validate_env(&key, &text).map(|()| text)
+                }
+                _ => Err(format!(
+                    "the value of {key} must be a string, number or boolean (use \"\" for empty)"
+                )),
+            };
+            checked.map(|text| (key.clone(), text)).map_err(|err| {
+                ConfigError(format!(
+                    "{}: {err}",
+                    Origin::File(path, &format!("allocate.env.{key}"))
+                ))
+            })
+        })
+        .collect()
 }
 
 /// A YAML scalar as the text a flag would carry, so the file is parsed like the flag.

@@ -4,12 +4,14 @@
 
 pub mod allocation;
 pub mod app;
+pub mod cdi;
 pub mod config;
 pub mod conflict;
 pub mod demo;
 pub mod discovery;
 pub mod fswatch;
 pub mod health;
+pub mod hostfile;
 pub mod kubelet_stub;
 pub mod lifecycle;
 pub mod list;

@@ -4,6 +4,7 @@ use std::io::Write;
 
 use serde::Serialize;
 
+use crate::cdi::{Kind, device_name};
 use crate::config::{OutputFormat, Settings};
 use crate::health;
 use crate::state::Health;
@@ -15,6 +16,29 @@ struct Row<'a> {
     uverbs: &'a str,
     numa_node: Option<u32>,
     health: Health,
+    /// The fully-qualified CDI names the device has (one per replica when shared), whichever
+    /// strategy is configured; empty when the resource name is no valid CDI kind.
+    cdi_devices: Vec<String>,
+}
+
+/// The CDI names of the EFA `id` under `settings`.
+fn cdi_names(settings: &Settings, kind: Option<&Kind>, id: &str) -> Vec<String> {
+    kind.map_or_else(Vec::new, |kind| {
+        settings
+            .sharing
+            .advertised(id)
+            .map(|id| kind.qualified(&device_name(&id)))
+            .collect()
+    })
+}
+
+/// One table cell for the names: the one name, or the first and last replica.
+fn cdi_cell(names: &[String]) -> String {
+    match names {
+        [] => "-".to_owned(),
+        [one] => one.clone(),
+        [first, .., last] => format!("{first} .. {last}"),
+    }
 }
 
 pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> anyhow::Result<()> {
@@ -22,6 +46,7 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
     for problem in &problems {
         eprintln!("warning: skipped {problem}");
     }
+    let kind = Kind::of(&settings.resource_name).ok();
     match format {
         OutputFormat::Json => {
             let rows: Vec<Row> = records
@@ -32,6 +57,7 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
                     uverbs: &r.efa.uverbs,
                     numa_node: r.efa.numa_node,
                     health: r.verdict.health,
+                    cdi_devices: cdi_names(settings, kind.as_ref(), &r.efa.id),
                 })
                 .collect();
             serde_json::to_writer_pretty(&mut *out, &rows)?;
@@ -40,20 +66,21 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
         OutputFormat::Table => {
             writeln!(
                 out,
-                "{:<14} {:<14} {:<9} {:>4} {:<9} {:<13} REASON",
-                "ID", "IBDEV", "UVERBS", "NUMA", "HEALTH", "PCI"
+                "{:<14} {:<14} {:<9} {:>4} {:<9} {:<13} {:<35} REASON",
+                "ID", "IBDEV", "UVERBS", "NUMA", "HEALTH", "PCI", "CDI DEVICE"
             )?;
             for r in &records {
                 let numa = r.efa.numa_node.map_or("-".to_owned(), |n| n.to_string());
                 writeln!(
                     out,
-                    "{:<14} {:<14} {:<9} {:>4} {:<9} {:<13} {}",
+                    "{:<14} {:<14} {:<9} {:>4} {:<9} {:<13} {:<35} {}",
                     r.efa.id,
                     r.efa.ibdev,
                     r.efa.uverbs,
                     numa,
                     r.verdict.health.to_string(),
                     format!("{}:{}", r.efa.vendor, r.efa.device),
+                    cdi_cell(&cdi_names(settings, kind.as_ref(), &r.efa.id)),
                     r.verdict.reason.as_deref().unwrap_or("")
                 )?;
             }

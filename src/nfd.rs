@@ -3,15 +3,16 @@
 //!
 //! NFD's `local` source reads `key=value` lines from files in its `features.d` dir and labels
 //! the node `feature.node.kubernetes.io/<key>=<value>`. Values must therefore be valid label
-//! values: lists are joined with `_`, never `,`. The file is replaced by rename, so NFD never
-//! reads half of it, and removed on exit, so a node without the plugin loses the labels.
+//! values: lists are joined with `_`, never `,`. [`HostFile`] replaces it by rename, so NFD never
+//! reads half of it, and removes it on exit, so a node without the plugin loses the labels.
 
 use std::collections::BTreeSet;
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::hostfile::HostFile;
 use crate::state::{DeviceState, Inventory};
 
 /// The feature file for this inventory: capacity (every device the kubelet is told about), the
@@ -44,50 +45,17 @@ pub fn render(inventory: &Inventory) -> String {
     text
 }
 
-/// Replaces `path` with `text` in one step: a temporary file in the same dir, then a rename.
-pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
+/// Keeps `path` current with the device state until `shutdown`, then removes it; a failed
+/// write is tried again every `retry`.
+pub async fn run(path: PathBuf, retry: Duration, state: DeviceState, shutdown: CancellationToken) {
+    let file = HostFile {
+        path,
+        what: "NFD feature file",
+        retry,
+        failures: None,
     };
-    let mut file = tempfile::Builder::new()
-        .prefix(".efa-device-plugin.")
-        .tempfile_in(dir)?;
-    file.write_all(text.as_bytes())?;
-    file.as_file().sync_all()?;
-    file.persist(path).map_err(|err| err.error)?;
-    Ok(())
-}
-
-/// Keeps `path` current with the device state until `shutdown`, then removes it.
-pub async fn run(path: PathBuf, state: DeviceState, shutdown: CancellationToken) {
-    let mut devices = state.subscribe();
-    let mut written: Option<String> = None;
-    loop {
-        let text = render(&devices.borrow_and_update());
-        if written.as_ref() != Some(&text) {
-            match write_atomically(&path, &text) {
-                Ok(()) => written = Some(text),
-                Err(err) => tracing::warn!(
-                    file = %path.display(),
-                    error = %err,
-                    "cannot write the NFD feature file; trying again on the next change"
-                ),
-            }
-        }
-        tokio::select! {
-            _ = shutdown.cancelled() => break,
-            changed = devices.changed() => if changed.is_err() { break },
-        }
-    }
-    match std::fs::remove_file(&path) {
-        Err(err) if err.kind() != io::ErrorKind::NotFound => tracing::warn!(
-            file = %path.display(),
-            error = %err,
-            "cannot remove the NFD feature file"
-        ),
-        _ => {}
-    }
+    file.follow(state, |inventory| Some(render(inventory)), shutdown)
+        .await
 }
 
 #[cfg(test)]
@@ -138,7 +106,12 @@ mod tests {
         let path = dir.path().join("efa");
         let state = DeviceState::default();
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(run(path.clone(), state.clone(), shutdown.clone()));
+        let task = tokio::spawn(run(
+            path.clone(),
+            std::time::Duration::from_secs(1),
+            state.clone(),
+            shutdown.clone(),
+        ));
         let wait_for = |needle: &'static str| {
             let path = path.clone();
             async move {

@@ -5,23 +5,7 @@ mod support;
 use std::path::Path;
 
 use efa_device_plugin::simulate::{FakeNode, Shape};
-use support::{node_kind, run_binary};
-
-fn write_config(dir: &Path, text: &str) -> String {
-    let path = dir.join("config.yaml");
-    std::fs::write(&path, text).unwrap();
-    path.display().to_string()
-}
-
-/// Asserts a failed start: non-zero exit and exactly one line on stderr containing `names`.
-fn assert_one_line_error(result: (i32, String, String), names: &[&str]) {
-    let (code, _, stderr) = result;
-    assert_ne!(code, 0, "{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr:?}");
-    for name in names {
-        assert!(stderr.contains(name), "{stderr:?} does not name {name:?}");
-    }
-}
+use support::{assert_one_line_error, node_kind, run_binary, write_config};
 
 #[test]
 fn precedence_is_flag_env_file_default() {
@@ -181,7 +165,14 @@ fn list_json_has_exactly_the_documented_keys() {
         serde_json::from_str(&stdout).unwrap();
     assert_eq!(rows.len(), 1);
     let keys: Vec<&str> = rows[0].keys().map(String::as_str).collect();
-    let mut expected = vec!["id", "ibdev", "uverbs", "numa_node", "health"];
+    let mut expected = vec![
+        "id",
+        "ibdev",
+        "uverbs",
+        "numa_node",
+        "health",
+        "cdi_devices",
+    ];
     expected.sort();
     let mut keys_sorted = keys.clone();
     keys_sorted.sort();
@@ -191,6 +182,10 @@ fn list_json_has_exactly_the_documented_keys() {
     assert_eq!(rows[0]["uverbs"], "uverbs0");
     assert_eq!(rows[0]["numa_node"], serde_json::Value::Null);
     assert_eq!(rows[0]["health"], "Healthy");
+    assert_eq!(
+        rows[0]["cdi_devices"],
+        serde_json::json!(["vpc.amazonaws.com/efa=0000:00:1c.0"])
+    );
 }
 
 #[test]

@@ -1,15 +1,15 @@
 //! Turns allocated device IDs into what the container runtime needs.
 //!
 //! Answers come from the in-memory snapshot only: the kubelet waits on Allocate with no deadline,
-//! so this path does no sysfs I/O. Each part of the response comes from a [`Contributor`], so a
-//! new kind of injection (a CDI name, an environment variable) is one more contributor rather
-//! than an edit to the others. Which IDs to prefer is [`preferred`]'s business; what an ID
+//! so this path does no sysfs I/O. Each part of the response comes from a [`Contributor`]: the
+//! device-specs strategy composes [`DeviceNodes`] and [`Environment`], the cdi strategy
+//! [`crate::cdi::CdiDevices`] alone. Which IDs to prefer is [`preferred`]'s business; what an ID
 //! means when EFAs are shared, [`sharing`]'s.
 
 pub mod preferred;
 pub mod sharing;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,9 +37,16 @@ pub enum AllocateError {
     Unhealthy { id: String, reason: String },
 }
 
+/// One EFA of a container's allocation, with the first ID the kubelet asked for it by.
+#[derive(Clone, Copy, Debug)]
+pub struct Allocated<'a> {
+    pub id: &'a str,
+    pub efa: &'a Efa,
+}
+
 /// Adds one aspect of the devices to a container's allocation.
 pub trait Contributor: Send + Sync {
-    fn contribute(&self, devices: &[&Efa], response: &mut ContainerAllocateResponse);
+    fn contribute(&self, devices: &[Allocated], response: &mut ContainerAllocateResponse);
 }
 
 /// One `rw` DeviceSpec per allocated uverbs node, and nothing else of `/dev/infiniband`: exposing
@@ -49,14 +56,28 @@ pub struct DeviceNodes {
 }
 
 impl Contributor for DeviceNodes {
-    fn contribute(&self, devices: &[&Efa], response: &mut ContainerAllocateResponse) {
-        for efa in devices {
+    fn contribute(&self, devices: &[Allocated], response: &mut ContainerAllocateResponse) {
+        for Allocated { efa, .. } in devices {
             response.devices.push(DeviceSpec {
                 container_path: format!("{CONTAINER_NODE_DIR}/{}", efa.uverbs),
                 host_path: node_path(&self.dev_root, &efa.uverbs).display().to_string(),
                 permissions: "rw".into(),
             });
         }
+    }
+}
+
+/// The same environment in every container: with device-specs, the kubelet passes these to the
+/// runtime as they are.
+pub struct Environment {
+    pub env: BTreeMap<String, String>,
+}
+
+impl Contributor for Environment {
+    fn contribute(&self, _: &[Allocated], response: &mut ContainerAllocateResponse) {
+        response
+            .envs
+            .extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     }
 }
 
@@ -137,8 +158,8 @@ impl Allocator {
 fn resolve<'a>(
     inventory: &'a Inventory,
     sharing: Sharing,
-    ids: &[String],
-) -> Result<Vec<&'a Efa>, AllocateError> {
+    ids: &'a [String],
+) -> Result<Vec<Allocated<'a>>, AllocateError> {
     let mut seen = BTreeSet::new();
     let mut devices = Vec::with_capacity(ids.len());
     for id in ids {
@@ -153,7 +174,10 @@ fn resolve<'a>(
             });
         }
         if seen.insert(record.efa.id.as_str()) {
-            devices.push(&record.efa);
+            devices.push(Allocated {
+                id,
+                efa: &record.efa,
+            });
         }
     }
     Ok(devices)

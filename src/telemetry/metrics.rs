@@ -100,6 +100,11 @@ impl Metrics {
         }
     }
 
+    /// Adds a counter that another module keeps, such as the CDI spec's failed writes.
+    pub fn register_counter(&mut self, name: &str, help: &str, counter: Counter) {
+        self.registry.register(name, help, counter);
+    }
+
     /// The exposition text: the plugin's own metrics, then the hardware counters.
     pub async fn render(&self) -> String {
         let devices: Vec<(String, String)> = self

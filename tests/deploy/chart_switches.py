@@ -43,6 +43,14 @@ def main(values_path, rendered_path):
         and rendered.one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"][0]["port"] == "metrics",
         "nfd.enabled passes the feature file under featuresDir": f"--nfd-features-file={values['nfd']['featuresDir']}/efa"
         in container["args"],
+        "cdi.enabled passes the strategy and specDir": {
+            "--device-list-strategy=cdi",
+            f"--cdi-spec-dir={values['cdi']['specDir']}",
+        }
+        <= set(container["args"]),
+        "cdi.enabled mounts specDir read-write": any(
+            m["mountPath"] == values["cdi"]["specDir"] and not m.get("readOnly") for m in container["volumeMounts"]
+        ),
         "networkPolicy can be turned off": "NetworkPolicy" not in kinds,
         "extraArgs come last": container["args"][-len(values["extraArgs"]):] == values["extraArgs"],
         "extraVolumes and extraVolumeMounts are added": spec["volumes"][-1] == values["extraVolumes"][0]

@@ -38,6 +38,12 @@ HOST_LOCATIONS = {
 # Options naming a file that others read on the host, at the same path; the
 # plugin writes it, and an empty value turns the feature off.
 SHARED_FILES = {"nfd-features-file"}
+# Paths the plugin uses only under one setting: option -> (setting, value,
+# host path it must be mounted from, whether the plugin writes there). The CDI
+# spec dir is where the runtime looks for specs.
+CONDITIONAL_LOCATIONS = {
+    "cdi-spec-dir": ("device-list-strategy", "cdi", "/var/run/cdi", True),
+}
 # The plugin hands {dev-root}/infiniband/uverbsN to the kubelet as the host
 # path of an allocated device, so the container must see it at the host's path.
 SAME_PATH_AS_HOST = {"dev-root"}
@@ -144,6 +150,9 @@ def check_rendering(checks, binary, flags, commands, path):
     used_volumes = {mount["name"]} if mount else set()
     locations = dict(HOST_LOCATIONS)
     locations.update({o: ("", effective[o], True) for o in SHARED_FILES if effective.get(o)})
+    locations.update(
+        {o: ("", host, writes) for o, (setting, value, host, writes) in CONDITIONAL_LOCATIONS.items() if effective.get(setting) == value}
+    )
     for option, (part, host, writes) in locations.items():
         value = effective.get(option)
         checks.expect(value is not None, f"{name}: the binary reports {option}")

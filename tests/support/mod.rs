@@ -231,6 +231,23 @@ pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) 
     )
 }
 
+/// Writes `text` as `config.yaml` in `dir`; returns its path.
+pub fn write_config(dir: &Path, text: &str) -> String {
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+/// Asserts a failed start: non-zero exit and exactly one line on stderr containing `names`.
+pub fn assert_one_line_error(result: (i32, String, String), names: &[&str]) {
+    let (code, _, stderr) = result;
+    assert_ne!(code, 0, "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr:?}");
+    for name in names {
+        assert!(stderr.contains(name), "{stderr:?} does not name {name:?}");
+    }
+}
+
 impl Harness {
     /// Where the plugin's HTTP endpoint listens: the harness asks for an ephemeral loopback
     /// port, and the plugin logs the one it bound.

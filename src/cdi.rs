@@ -1,0 +1,371 @@
+//! The Container Device Interface spec file, for the `cdi` device-list strategy.
+//!
+//! Allocate then answers CDI device names (`vpc.amazonaws.com/efa=0000:10:1b.0`); the kubelet
+//! hands them to the runtime through CRI, and the runtime looks each name up in the spec files of
+//! its CDI dirs and applies the device's edits: here, its uverbs node with the major:minor read
+//! from sysfs. The spec's own edits carry `allocate.env`, applied once to any container that gets
+//! one of the devices.
+//!
+//! The module owns the spec file: one file per resource, `<vendor>-<class>.json` in the spec dir,
+//! rewritten through [`HostFile`] whenever the devices it describes change.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::allocation::sharing::Sharing;
+use crate::allocation::{Allocated, CONTAINER_NODE_DIR, Contributor};
+use crate::hostfile::HostFile;
+use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
+use crate::state::{DeviceState, Inventory};
+
+/// The spec's kind is the resource name, so several resources of one node never share a file or
+/// a device name space.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kind {
+    pub vendor: String,
+    pub class: String,
+}
+
+impl Kind {
+    /// The kind for `resource_name`, or why CDI cannot name it: CDI's vendor and class must
+    /// start with a letter, end with a letter or digit, and hold only those, `_`, `-` and `.`.
+    pub fn of(resource_name: &str) -> Result<Kind, String> {
+        let (vendor, class) = resource_name
+            .split_once('/')
+            .ok_or_else(|| format!("{resource_name:?} has no '/' to split into a CDI kind"))?;
+        for (part, text) in [("vendor", vendor), ("class", class)] {
+            let bytes = text.as_bytes();
+            let valid = bytes.first().is_some_and(u8::is_ascii_alphabetic)
+                && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+                && bytes
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+            if !valid {
+                return Err(format!(
+                    "{resource_name:?} is no valid CDI kind: its {part} {text:?} must start with a letter, end with a letter or digit and hold only those, '_', '-' and '.'"
+                ));
+            }
+        }
+        Ok(Kind {
+            vendor: vendor.to_owned(),
+            class: class.to_owned(),
+        })
+    }
+
+    /// The fully-qualified name the runtime resolves: `vendor/class=name`.
+    pub fn qualified(&self, device: &str) -> String {
+        format!("{}/{}={}", self.vendor, self.class, device)
+    }
+
+    /// The spec file in `dir`, named as the CDI library names the specs it writes.
+    pub fn spec_path(&self, dir: &Path) -> PathBuf {
+        dir.join(format!("{}-{}.json", self.vendor, self.class))
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.vendor, self.class)
+    }
+}
+
+/// The CDI device name for a kubelet-visible ID: the ID itself, since PCI addresses
+/// (`0000:10:1b.0`) and replica IDs (`0000:10:1b.0::3`) are valid CDI names (letters, digits,
+/// `_ - . :`, starting and ending with a letter or digit). An ID that is not valid (no kernel
+/// names a PCI function so) becomes `id-` and the hex of its bytes: still unique, and never
+/// a PCI address.
+pub fn device_name(id: &str) -> String {
+    let bytes = id.as_bytes();
+    let valid = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
+    if valid {
+        return id.to_owned();
+    }
+    let mut name = String::from("id-");
+    for b in bytes {
+        name.push_str(&format!("{b:02x}"));
+    }
+    name
+}
+
+/// The oldest CDI spec version that has every feature a spec uses, so the oldest runtimes can
+/// read it. 0.3.0 has device nodes with type, major, minor and permissions, and container env;
+/// 0.5.0 first allows device names that start with a digit, as PCI addresses do; 0.6.0 first
+/// allows a dot in the class.
+fn version(kind: &Kind, devices: &[Device]) -> &'static str {
+    if kind.class.contains('.') {
+        "0.6.0"
+    } else if devices
+        .iter()
+        .any(|d| d.name.starts_with(|c: char| c.is_ascii_digit()))
+    {
+        "0.5.0"
+    } else {
+        "0.3.0"
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Spec {
+    cdi_version: &'static str,
+    kind: String,
+    devices: Vec<Device>,
+    #[serde(skip_serializing_if = "Edits::is_empty")]
+    container_edits: Edits,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Device {
+    name: String,
+    container_edits: DeviceEdits,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DeviceEdits {
+    device_nodes: [DeviceNode; 1],
+}
+
+#[derive(Serialize)]
+struct DeviceNode {
+    path: String,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    major: u32,
+    minor: u32,
+    permissions: &'static str,
+}
+
+#[derive(Serialize)]
+struct Edits {
+    env: Vec<String>,
+}
+
+impl Edits {
+    fn is_empty(&self) -> bool {
+        self.env.is_empty()
+    }
+}
+
+/// What the spec says, besides the devices.
+#[derive(Clone, Debug)]
+pub struct SpecSettings {
+    pub kind: Kind,
+    pub sharing: Sharing,
+    pub env: BTreeMap<String, String>,
+}
+
+/// The spec for `inventory`: every device the kubelet is told about, healthy or not (a container
+/// that holds a device that turned unhealthy may still be restarted), once per advertised ID,
+/// each with its uverbs node at the path libibverbs expects. `None` without devices: CDI counts
+/// a spec with no device as an error, which runtimes would report for every container.
+pub fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<String> {
+    let devices: Vec<Device> = inventory
+        .devices()
+        .flat_map(|record| {
+            let efa = &record.efa;
+            settings.sharing.advertised(&efa.id).map(|id| Device {
+                name: device_name(&id),
+                container_edits: DeviceEdits {
+                    device_nodes: [DeviceNode {
+                        path: format!("{CONTAINER_NODE_DIR}/{}", efa.uverbs),
+                        kind: "c",
+                        major: efa.dev.major,
+                        minor: efa.dev.minor,
+                        permissions: "rw",
+                    }],
+                },
+            })
+        })
+        .collect();
+    if devices.is_empty() {
+        return None;
+    }
+    let spec = Spec {
+        cdi_version: version(&settings.kind, &devices),
+        kind: settings.kind.to_string(),
+        devices,
+        container_edits: Edits {
+            env: settings
+                .env
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect(),
+        },
+    };
+    let mut text = serde_json::to_string_pretty(&spec).ok()?;
+    text.push('\n');
+    Some(text)
+}
+
+/// Keeps the spec file in `dir` current until `shutdown`, then removes it; failed writes are
+/// retried every `retry` and counted in `failures`.
+pub async fn run(
+    dir: PathBuf,
+    settings: SpecSettings,
+    retry: Duration,
+    failures: Counter,
+    state: DeviceState,
+    shutdown: CancellationToken,
+) {
+    let file = HostFile {
+        path: settings.kind.spec_path(&dir),
+        what: "CDI spec",
+        retry,
+        failures: Some(failures),
+    };
+    file.follow(state, |inventory| render(inventory, &settings), shutdown)
+        .await
+}
+
+/// Answers each allocated EFA by its CDI name and nothing else: the runtime takes the node (and
+/// the environment) from the spec.
+pub struct CdiDevices {
+    pub kind: Kind,
+}
+
+impl Contributor for CdiDevices {
+    fn contribute(&self, devices: &[Allocated], response: &mut ContainerAllocateResponse) {
+        for device in devices {
+            response.cdi_devices.push(CdiDevice {
+                name: self.kind.qualified(&device_name(device.id)),
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::{Shape, inventory};
+    use std::num::NonZeroU32;
+
+    fn settings(replicas: u32, env: &[(&str, &str)]) -> SpecSettings {
+        SpecSettings {
+            kind: Kind::of("vpc.amazonaws.com/efa").unwrap(),
+            sharing: Sharing::replicas(NonZeroU32::new(replicas).unwrap()),
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    fn parse(text: &Option<String>) -> serde_json::Value {
+        serde_json::from_str(text.as_deref().expect("a spec")).unwrap()
+    }
+
+    #[test]
+    fn kubelet_ids_are_their_own_cdi_names() {
+        assert_eq!(device_name("0000:10:1b.0"), "0000:10:1b.0");
+        assert_eq!(device_name("0000:10:1b.0::3"), "0000:10:1b.0::3");
+        assert_eq!(device_name("a/b"), "id-612f62");
+        assert_eq!(device_name("x:"), "id-783a");
+        assert_eq!(device_name(""), "id-");
+    }
+
+    #[test]
+    fn kinds_follow_the_cdi_rules() {
+        let kind = Kind::of("vpc.amazonaws.com/efa").unwrap();
+        assert_eq!(
+            kind.qualified("0000:10:1b.0"),
+            "vpc.amazonaws.com/efa=0000:10:1b.0"
+        );
+        assert_eq!(
+            kind.spec_path(Path::new("/var/run/cdi")),
+            Path::new("/var/run/cdi/vpc.amazonaws.com-efa.json")
+        );
+        for bad in ["9example.com/efa", "example.com/_efa", "example.com/efa-"] {
+            assert!(Kind::of(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn p4d_spec_lists_each_node_with_its_sysfs_numbers() {
+        let spec = parse(&render(&inventory(Shape::P4d), &settings(1, &[])));
+        assert_eq!(spec["cdiVersion"], "0.5.0");
+        assert_eq!(spec["kind"], "vpc.amazonaws.com/efa");
+        assert!(spec.get("containerEdits").is_none());
+        let devices = spec["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 4);
+        assert_eq!(devices[0]["name"], "0000:10:1b.0");
+        assert_eq!(
+            devices[0]["containerEdits"]["deviceNodes"],
+            serde_json::json!([{
+                "path": "/dev/infiniband/uverbs0",
+                "type": "c",
+                "major": 231,
+                "minor": 192,
+                "permissions": "rw"
+            }])
+        );
+    }
+
+    #[test]
+    fn dynamic_majors_come_from_sysfs() {
+        let spec = parse(&render(&inventory(Shape::Dense256), &settings(1, &[])));
+        let devices = spec["devices"].as_array().unwrap();
+        assert_eq!(devices.len(), 256);
+        let majors: std::collections::BTreeSet<u64> = devices
+            .iter()
+            .map(|d| {
+                d["containerEdits"]["deviceNodes"][0]["major"]
+                    .as_u64()
+                    .unwrap()
+            })
+            .collect();
+        assert_eq!(majors.into_iter().collect::<Vec<_>>(), [231, 511]);
+    }
+
+    #[test]
+    fn sharing_lists_every_replica_and_env_is_spec_wide() {
+        let spec = parse(&render(
+            &inventory(Shape::P4d),
+            &settings(3, &[("FI_PROVIDER", "efa"), ("A", "x=y,z")]),
+        ));
+        let names: Vec<&str> = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names.len(), 12);
+        assert_eq!(
+            &names[..3],
+            ["0000:10:1b.0::0", "0000:10:1b.0::1", "0000:10:1b.0::2"]
+        );
+        assert_eq!(
+            spec["containerEdits"],
+            serde_json::json!({"env": ["A=x=y,z", "FI_PROVIDER=efa"]})
+        );
+    }
+
+    #[test]
+    fn version_is_the_oldest_with_the_features_used() {
+        assert_eq!(render(&Inventory::default(), &settings(1, &[])), None);
+        let mut odd = inventory(Shape::G5).devices().next().unwrap().clone();
+        odd.efa.id = "pci/0".into();
+        let odd = Inventory::default().observe(vec![odd]).0;
+        let spec = parse(&render(&odd, &settings(1, &[])));
+        assert_eq!(spec["devices"][0]["name"], "id-7063692f30");
+        assert_eq!(spec["cdiVersion"], "0.3.0");
+        let dotted = SpecSettings {
+            kind: Kind::of("example.com/efa.shared").unwrap(),
+            ..settings(1, &[])
+        };
+        assert_eq!(
+            parse(&render(&inventory(Shape::P4d), &dotted))["cdiVersion"],
+            "0.6.0"
+        );
+    }
+}
