@@ -180,7 +180,7 @@ main() {
     "$venv/bin/python" tests/deploy/chart_switches.py tests/deploy/values-variant.yaml "$work/helm-variant.yaml"
 
   host="$(rustc -vV | sed -n 's/^host: //p')"
-  bin="$repo/target/$host/release/efa-device-plugin"
+  bin="${CARGO_TARGET_DIR:-$repo/target}/$host/release/efa-device-plugin"
   step "static release build for $host" static_build "$host"
   step "binary is static and under $((max_binary_bytes / 1000000)) MB" check_static_binary "$bin"
   step "binary runs --help and list on an empty sysfs" smoke_test_binary "$bin"

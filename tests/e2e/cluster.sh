@@ -42,7 +42,7 @@ SERVICE_SUBNET=198.18.1.0/24
 ETCD_PORT=23790
 APISERVER_PORT=16443
 KUBELET_HEALTHZ_PORT=10248
-HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /run/netns /var/lib/cni /opt/containerd /etc/cni /run/efa-device-plugin-e2e /dev/infiniband)
+HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /run/netns /var/lib/cni /opt/containerd /etc/cni /run/efa-device-plugin-e2e /dev/infiniband /run/cdi /etc/cdi)
 # The propagation of the /dev mount before the run; see make_dev_shared.
 DEV_PROPAGATION=
 TEST_VALUES=$HERE/cluster/values-e2e.yaml
@@ -384,8 +384,8 @@ expected_entries() {
 }
 
 # workload NAME KIND COUNT: a Job (KIND=job) or a long-running Pod (KIND=pod)
-# whose container lists /dev/infiniband, then waits: the Job long enough for
-# its allocation to be read, the Pod until deleted.
+# whose container lists /dev/infiniband and prints FI_PROVIDER, then waits:
+# the Job long enough for its allocation to be read, the Pod until deleted.
 workload() {
 	local name=$1 kind=$2 count=$3 wait=5
 	[[ $kind == pod ]] && wait=100000
@@ -393,7 +393,7 @@ workload() {
 	container=$(
 		cat <<-EOF
 			{"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-			 "command": ["sh", "-c", "ls -l /dev/infiniband; sleep $wait"],
+			 "command": ["sh", "-c", "ls -l /dev/infiniband; echo FI_PROVIDER=\${FI_PROVIDER:-unset}; sleep $wait"],
 			 "resources": {"limits": {"$RESOURCE": $count}}}
 		EOF
 	)
@@ -424,7 +424,9 @@ check_devices() {
 		return 1
 	fi
 	wait_until 20 has_listing "$pod"
-	got=$(k logs "$pod" | listing_entries)
+	POD_LOG=$T/logs/pod-$pod.log
+	k logs "$pod" >"$POD_LOG"
+	got=$(listing_entries <"$POD_LOG")
 	want=$(expected_entries "${ids[@]}")
 	if [[ $got != "$want" ]]; then
 		REASON="pod $pod sees [$(paste -sd';' <<<"$got")] in /dev/infiniband, want [$(paste -sd';' <<<"$want")]"
@@ -433,7 +435,8 @@ check_devices() {
 	POD_IDS=("${ids[@]}")
 }
 
-has_listing() { k logs "$1" 2>/dev/null | grep -q uverbs; }
+# The container prints FI_PROVIDER after the listing, so the listing is whole.
+has_listing() { k logs "$1" 2>/dev/null | grep -q '^FI_PROVIDER='; }
 
 # run_job NAME COUNT: the scheduler places a Job asking for COUNT EFAs, its
 # container sees exactly its devices, and the Job completes.
@@ -731,6 +734,44 @@ case_helm() {
 	fi
 }
 
+# The spec file the plugin writes in cdi mode, where containerd 2 reads it.
+CDI_SPEC=/var/run/cdi/vpc.amazonaws.com-efa.json
+
+case_cdi() {
+	local pod env spec_ids want_ids
+	local -a cdi=(--set cdi.enabled=true --set-string config.allocate.env.FI_PROVIDER=efa)
+	helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" "${cdi[@]}" >"$T/helm-cdi.yaml"
+	helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "${cdi[@]}" >"$T/helm-cdi-e2e.yaml"
+	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/helm-cdi.yaml" "$T/helm-cdi-e2e.yaml" 2>&1); then
+		return 1
+	fi
+	helm install efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "${cdi[@]}" >/dev/null ||
+		{ REASON="helm install with cdi.enabled failed"; return 1; }
+	plugin_installed_ok "$T/helm-cdi.yaml" || return 1
+	if ! wait_until 10 test -s "$CDI_SPEC"; then
+		REASON="no CDI spec at $CDI_SPEC"
+		return 1
+	fi
+	spec_ids=$(python3 -c 'import json, sys; print(" ".join(sorted(d["name"] for d in json.load(open(sys.argv[1]))["devices"])))' "$CDI_SPEC")
+	want_ids=$(for i in "${!EFA_BUSES[@]}"; do efa_id "$i"; done | sort | paste -sd' ')
+	if [[ $spec_ids != "$want_ids" ]]; then
+		REASON="CDI spec devices [$spec_ids], want [$want_ids]"
+		return 1
+	fi
+	run_job cdi-job 2 || return 1
+	env=$(grep '^FI_PROVIDER=' "$POD_LOG")
+	if [[ $env != FI_PROVIDER=efa ]]; then
+		REASON="the Job's container has ${env:-no FI_PROVIDER line}, want FI_PROVIDER=efa"
+		return 1
+	fi
+	helm uninstall efa -n "$NS" --wait >/dev/null || { REASON="helm uninstall failed"; return 1; }
+	wait_until 60 no_plugin_pod || { REASON="plugin pod still there 60s after helm uninstall"; return 1; }
+	if [[ -e $CDI_SPEC ]]; then
+		REASON="$CDI_SPEC remains after the plugin stopped"
+		return 1
+	fi
+}
+
 rolled_from() { local p; p=$(ready_plugin_pod) && [[ -n $p && $p != "$1" ]] && allocatable_is 4; }
 
 run_case() {
@@ -801,6 +842,7 @@ main() {
 	run_case "(7) device loss: allocatable 3 within the status period + 2s, then 4" case_device_loss
 	run_case "(8) node without EFA: plugin Ready, allocatable 0 or absent" case_no_efa
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
+	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
 }
 
 main "$@"
