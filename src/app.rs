@@ -88,14 +88,17 @@ impl Plugin {
                 shutdown.clone(),
             )));
         }
+        // The env goes into every Allocate answer in both modes: in cdi mode the spec's container
+        // edits carry it as well, and the kubelet's checkpoint then records it either way.
+        let environment = Box::new(Environment {
+            env: settings.allocate.env.clone(),
+        });
         let contributors: Vec<Box<dyn Contributor>> = match cdi {
             None => vec![
                 Box::new(DeviceNodes {
                     dev_root: settings.dev_root.clone(),
                 }),
-                Box::new(Environment {
-                    env: settings.allocate.env.clone(),
-                }),
+                environment,
             ],
             Some(spec) => {
                 let contributor = CdiDevices {
@@ -111,7 +114,7 @@ impl Plugin {
                     self.state.clone(),
                     shutdown.clone(),
                 )));
-                vec![Box::new(contributor)]
+                vec![Box::new(contributor), environment]
             }
         };
         let lifecycle = Lifecycle {

@@ -85,8 +85,12 @@ async fn cdi_mode_answers_qualified_names_and_no_device_specs() {
             "no DeviceSpecs: {container:?}"
         );
         assert!(container.mounts.is_empty() && container.annotations.is_empty());
-        // The runtime sets the environment from the spec, the one place that describes it.
-        assert!(container.envs.is_empty(), "{container:?}");
+        // The spec's container edits carry the env too (checked below).
+        assert_eq!(
+            container.envs,
+            std::collections::HashMap::from([("FI_PROVIDER".to_string(), "efa".to_string())]),
+            "{container:?}"
+        );
     }
     let spec = read_spec(&h).expect("spec written");
     assert_eq!(spec["kind"], "vpc.amazonaws.com/efa");
