@@ -9,4 +9,4 @@ cd "$(dirname "$0")/../.."
 bash tests/e2e/kubelet.sh
 bash tests/e2e/cluster.sh
 
-# Further suites of this tier go here, one line each, in the order they should run.
+# ---- Further suites of this tier: one line each below, in the order they run. ----
