@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Checks the deployment side: the Dockerfile, the plain manifests, the Helm
-# chart, and that all of them fit the binary they ship. It installs its own
-# pinned tools into a cache outside the clone, so only the first run on a
-# machine pays for them; a later run rebuilds only what changed.
+# chart, the release workflows, and that all of them fit the binary they ship.
+# It installs its own pinned tools into a cache outside the clone, so only the
+# first run on a machine pays for them; a later run rebuilds only what changed.
 #
 # Environment: EFA_DP_TOOLS_CACHE (default /var/cache/efa-device-plugin-tools).
 set -uo pipefail
@@ -21,6 +21,7 @@ python_tools=(
 helm_module=helm.sh/helm/v3/cmd/helm@v3.22.0
 # v5.8.3 needs Go 1.27; v5.8.2 builds with the Go that machines have today.
 kustomize_module=sigs.k8s.io/kustomize/kustomize/v5@v5.8.2
+actionlint_module=github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
 # The oldest Kubernetes the manifests support, and the first with DRA
 # generally available, where EFA DRA drivers such as dra.net can appear.
 kubernetes_versions=(1.30.0 1.34.0)
@@ -30,6 +31,7 @@ max_binary_bytes=$((15 * 1000 * 1000))
 venv="$cache/venv"
 helm="$cache/bin/helm-${helm_module##*@}/helm"
 kustomize="$cache/bin/kustomize-${kustomize_module##*@}/kustomize"
+actionlint="$cache/bin/actionlint-${actionlint_module##*@}/actionlint"
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
@@ -75,7 +77,8 @@ go_install() { # go_install MODULE@VERSION BINARY
 
 # Only the binaries are reused, so the ~1.3 GB of module and build caches go.
 install_go_tools() {
-  go_install "$helm_module" "$helm" && go_install "$kustomize_module" "$kustomize"
+  go_install "$helm_module" "$helm" && go_install "$kustomize_module" "$kustomize" &&
+    go_install "$actionlint_module" "$actionlint"
   local status=$?
   rm -rf "$cache/go"
   return "$status"
@@ -133,6 +136,27 @@ run_checkov() {
     "$venv/bin/python" "$repo/tests/deploy/checkov_report.py"
 }
 
+# The workflows cannot run here (no GitHub runner, no registry), so what can be
+# checked is checked: their syntax, expressions and action inputs, shellcheck on
+# every run: script, and the parts of a release that need no registry.
+lint_workflows() {
+  "$actionlint" -shellcheck "$venv/bin/shellcheck" -pyflakes "" -color=false
+}
+
+# What the release workflow does before it pushes anything: the tag check
+# accepts the version's own tag and refuses another, CHANGELOG.md has notes for
+# the next release (its own section, or Unreleased until it is cut), and the
+# chart packages under the name the workflow pushes.
+release_dry_run() {
+  local version
+  version=$(bash .ci/release.sh version) &&
+    bash .ci/release.sh versions "v$version" &&
+    ! bash .ci/release.sh versions "v$version-not-this" &&
+    { bash .ci/release.sh notes "$version" || bash .ci/release.sh notes Unreleased; } &&
+    "$helm" package "$chart" --destination "$work/chart" &&
+    [[ -f $work/chart/efa-device-plugin-$version.tgz ]]
+}
+
 # The same flags as the Dockerfile, so the binary checked is the one shipped.
 static_build() {
   RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked \
@@ -162,10 +186,12 @@ main() {
   mkdir -p "$cache"
 
   step "install python tools (${python_tools[*]})" install_python_tools
-  step "install go tools (helm ${helm_module##*@}, kustomize ${kustomize_module##*@})" install_go_tools
+  step "install go tools (helm ${helm_module##*@}, kustomize ${kustomize_module##*@}, actionlint ${actionlint_module##*@})" install_go_tools
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
-  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/cdi/*.sh
+  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh .ci/tiers/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/cdi/*.sh
+  step "actionlint .github/workflows" lint_workflows
+  step "release dry run: tag check, CHANGELOG notes, helm package" release_dry_run
   step "render manifests (kustomize base, labelled and cdi, helm default, labelled, cdi and variant values)" render
   step "helm lint" helm_lint
   local version

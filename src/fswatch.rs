@@ -52,7 +52,10 @@ impl DirWatch {
                 | AddWatchFlags::IN_ONLYDIR,
         )?;
         // SAFETY: `Inotify` owns its descriptor and keeps it open until it is dropped, which
-        // happens only when the `AsyncFd` holding it is dropped.
+        // happens only when the `AsyncFd` holding it is dropped, and `as_raw_fd` always returns
+        // that one descriptor. The crate denies unsafe code; tokio's safe constructors are
+        // deprecated as unsound (tokio#8587), so this is the one allowed exception.
+        #[allow(unsafe_code)]
         let fd =
             unsafe { AsyncFd::register_with_interest(InotifyFd(inotify), Interest::READABLE) }?;
         Ok(DirWatch { fd, dead: false })

@@ -191,12 +191,18 @@ def check_rendering(checks, binary, flags, commands, path):
 
 def check_versions(checks, repo, renderings):
     with open(os.path.join(repo, "Cargo.toml"), "rb") as f:
-        version = tomllib.load(f)["package"]["version"]
+        package = tomllib.load(f)["package"]
+    version = package["version"]
     with open(os.path.join(repo, "manifests/helm/efa-device-plugin/Chart.yaml"), encoding="utf-8") as f:
         checks.expect(str(yaml.safe_load(f)["appVersion"]) == version, f"Chart appVersion is {version}")
     with open(os.path.join(repo, "Dockerfile"), encoding="utf-8") as f:
-        arg = re.search(r"^ARG VERSION=(\S+)", f.read(), re.M)
+        dockerfile = f.read()
+    arg = re.search(r"^ARG VERSION=(\S+)", dockerfile, re.M)
     checks.expect(arg is not None and arg.group(1) == version, f"Dockerfile ARG VERSION is {version}")
+    # rust-version names the toolchain CI builds with, so the image is built with it too.
+    rust = re.search(r"^ARG RUST_VERSION=(\S+)", dockerfile, re.M)
+    toolchain = package["rust-version"]
+    checks.expect(rust is not None and rust.group(1) == toolchain, f"Dockerfile ARG RUST_VERSION is {toolchain}")
     for path in renderings:
         ds = rendered.one(rendered.load(path), "DaemonSet")
         image = rendered.plugin_container(ds)["image"]
