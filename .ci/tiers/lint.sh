@@ -39,6 +39,9 @@ cargo clippy --all-targets --locked -- -D warnings
 
 echo "--> cargo deny $cargo_deny_version"
 install_cargo_deny
+# The licence check reads every crate's manifest, for every target platform, while a build
+# downloads only this one's: fetch them all first, so the check itself can stay offline.
+cargo fetch --locked --quiet
 # --offline: the check reads only Cargo.lock and the local registry, so it needs no network.
 # Advisories are left out because they need the network (see deny.toml). A duplicate-version
 # warning names both versions; `cargo deny check bans` without the flag shows who pulls each in.
