@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use efa_device_plugin::health;
+use efa_device_plugin::health::{self, ScanStats};
 use efa_device_plugin::kubelet_stub::KubeletStub;
 use efa_device_plugin::lifecycle::PluginStatus;
 use efa_device_plugin::pod_resources_stub::{PodResourcesStub, pod};
@@ -92,13 +92,17 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         .await,
     );
     let state = DeviceState::default();
-    state.apply(health::observe(&h.node.sysfs, &h.node.dev).0);
+    state.apply(health::observe(&h.node.sysfs, &h.node.dev, true).records);
     let metrics = Metrics::new(
         state,
         tokio::sync::watch::channel(PluginStatus::default()).1,
         &AllocationMetrics::default(),
+        Arc::new(ScanStats::new(Duration::from_secs(5))),
         &h.node.sysfs,
-        pod_resources::PodResources::new(h.root.path().join("absent.sock"), RESOURCE.into()),
+        Some(pod_resources::PodResources::new(
+            h.root.path().join("absent.sock"),
+            RESOURCE.into(),
+        )),
     );
     let render = summary(
         &timed(SCRAPES, || async {

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use crate::allocation::{Allocator, DeviceNodes};
 use crate::config::Settings;
 use crate::conflict::Guard;
-use crate::health::Monitor;
+use crate::health::{Monitor, ScanStats};
 use crate::lifecycle::{Lifecycle, PluginStatus};
 use crate::state::DeviceState;
 use crate::telemetry::http::{self, Endpoint};
@@ -41,20 +41,21 @@ impl Plugin {
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
         let allocations = Arc::new(AllocationMetrics::default());
-        // Bound before anything else starts, so a taken port fails the start with one line.
-        let endpoint = match settings.metrics_address {
-            Some(address) => Some(
-                self.endpoint(settings, &allocations, address, &shutdown)
-                    .await?,
-            ),
-            None => None,
-        };
         let mut monitor = Monitor::new(
             settings.sysfs_root.clone(),
             settings.dev_root.clone(),
             settings.rescan_interval,
             self.state.clone(),
-        );
+        )
+        .with_regular_files(settings.test_only_regular_file_nodes);
+        // Bound before anything else starts, so a taken port fails the start with one line.
+        let endpoint = match settings.metrics_address {
+            Some(address) => Some(
+                self.endpoint(settings, &allocations, monitor.stats(), address, &shutdown)
+                    .await?,
+            ),
+            None => None,
+        };
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
         let mut tasks = vec![tokio::spawn(monitor.run(shutdown.clone()))];
@@ -92,6 +93,7 @@ impl Plugin {
         &self,
         settings: &Settings,
         allocations: &AllocationMetrics,
+        scans: Arc<ScanStats>,
         address: std::net::SocketAddr,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<JoinHandle<()>> {
@@ -105,13 +107,17 @@ impl Plugin {
                 self.state.clone(),
                 self.status.subscribe(),
                 allocations,
+                scans.clone(),
                 &settings.sysfs_root,
-                PodResources::new(
-                    settings.pod_resources_socket.clone(),
-                    settings.resource_name.clone(),
-                ),
+                settings.counter_pod_labels.then(|| {
+                    PodResources::new(
+                        settings.pod_resources_socket.clone(),
+                        settings.resource_name.clone(),
+                    )
+                }),
             ),
             status: self.status.subscribe(),
+            scans,
             stopped: shutdown.clone(),
         });
         Ok(tokio::spawn(http::serve(
@@ -148,16 +154,21 @@ impl Default for Plugin {
     }
 }
 
+/// A read stuck in the kernel never returns; the process must end anyway, so shutdown waits
+/// this long for blocking work and then leaves it behind.
+const BLOCKING_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The `run` command: the plugin as a process, stopped by SIGTERM or SIGINT.
 pub fn serve(settings: Settings) -> anyhow::Result<()> {
     crate::telemetry::init_logging(settings.log_format, &settings.log_level)?;
+    crate::telemetry::fds::raise_limit();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         // sysfs reads run on the blocking pool for milliseconds every rescan; an idle plugin
         // should not keep their threads around.
         .thread_keep_alive(std::time::Duration::from_secs(2))
         .build()?;
-    runtime.block_on(async {
+    let outcome = runtime.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
@@ -178,5 +189,7 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
         tracing::info!("stopping on signal");
         shutdown.cancel();
         running.await
-    })
+    });
+    runtime.shutdown_timeout(BLOCKING_GRACE);
+    outcome
 }

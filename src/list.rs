@@ -18,10 +18,21 @@ struct Row<'a> {
 }
 
 pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> anyhow::Result<()> {
-    let (records, problems) = health::observe(&settings.sysfs_root, &settings.dev_root);
-    for problem in &problems {
+    let observed = health::observe(
+        &settings.sysfs_root,
+        &settings.dev_root,
+        settings.test_only_regular_file_nodes,
+    );
+    if let Some(failed) = observed.failed {
+        anyhow::bail!("{}", failed.message);
+    }
+    for problem in &observed.problems {
         eprintln!("warning: skipped {problem}");
     }
+    for problem in &observed.numa_unreadable {
+        eprintln!("warning: no NUMA node for {problem}");
+    }
+    let records = observed.records;
     match format {
         OutputFormat::Json => {
             let rows: Vec<Row> = records

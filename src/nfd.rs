@@ -100,7 +100,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let (node, _) = FakeNode::build(root.path(), shape, Nodes::Files).unwrap();
         let state = DeviceState::default();
-        state.apply(health::observe(&node.sysfs, &node.dev).0);
+        state.apply(health::observe(&node.sysfs, &node.dev, true).records);
         (*state.current()).clone()
     }
 

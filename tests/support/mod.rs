@@ -67,6 +67,10 @@ impl Harness {
     /// loopback port, and the kubelet's other dirs inside the harness, never the host's.
     pub fn args(&self) -> Vec<String> {
         let kubelet_dir = |name: &str| self.root.path().join(name).display().to_string();
+        let test_only = match self.node.nodes {
+            Nodes::Files => Some("--test-only-regular-file-nodes"),
+            Nodes::CharDevices => None,
+        };
         [
             "--sysfs-root",
             &self.node.sysfs.display().to_string(),
@@ -84,7 +88,9 @@ impl Harness {
             &kubelet_dir("plugins_registry"),
         ]
         .iter()
-        .map(|s| s.to_string())
+        .copied()
+        .chain(test_only)
+        .map(str::to_owned)
         .collect()
     }
 
