@@ -60,7 +60,7 @@ impl Plugin {
         monitor.refresh().await;
         let mut tasks = vec![tokio::spawn(monitor.run(shutdown.clone()))];
         tasks.extend(endpoint);
-        tasks.extend(self.start_guard(settings, &shutdown));
+        tasks.extend(self.start_guard(settings, &shutdown).await);
         if let Some(path) = &settings.nfd_features_file {
             tasks.push(tokio::spawn(crate::nfd::run(
                 path.clone(),
@@ -129,7 +129,7 @@ impl Plugin {
 
     /// The conflict is in the state before the kubelet can see a device, so no EFA is
     /// advertised as allocatable while a DRA driver owns them.
-    fn start_guard(
+    async fn start_guard(
         &self,
         settings: &Settings,
         shutdown: &CancellationToken,
@@ -143,7 +143,7 @@ impl Plugin {
             settings.rescan_interval,
             self.state.clone(),
         );
-        guard.refresh();
+        guard.refresh().await;
         Some(tokio::spawn(guard.run(shutdown.clone())))
     }
 }

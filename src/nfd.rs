@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
@@ -59,25 +60,42 @@ pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// A failed write (a full disk, a missing dir) is tried again this often until it succeeds,
+/// so the labels do not wait for the next device change, which may never come.
+pub const RETRY: Duration = Duration::from_secs(10);
+
 /// Keeps `path` current with the device state until `shutdown`, then removes it.
 pub async fn run(path: PathBuf, state: DeviceState, shutdown: CancellationToken) {
     let mut devices = state.subscribe();
     let mut written: Option<String> = None;
+    let mut failing = false;
     loop {
         let text = render(&devices.borrow_and_update());
         if written.as_ref() != Some(&text) {
             match write_atomically(&path, &text) {
-                Ok(()) => written = Some(text),
-                Err(err) => tracing::warn!(
-                    file = %path.display(),
-                    error = %err,
-                    "cannot write the NFD feature file; trying again on the next change"
-                ),
+                Ok(()) => {
+                    if failing {
+                        tracing::info!(file = %path.display(), "wrote the NFD feature file");
+                    }
+                    written = Some(text);
+                    failing = false;
+                }
+                Err(err) if !failing => {
+                    tracing::warn!(
+                        file = %path.display(),
+                        error = %err,
+                        "cannot write the NFD feature file; trying again every {}s",
+                        RETRY.as_secs()
+                    );
+                    failing = true;
+                }
+                Err(_) => {}
             }
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
             changed = devices.changed() => if changed.is_err() { break },
+            () = tokio::time::sleep(RETRY), if failing => {}
         }
     }
     match std::fs::remove_file(&path) {
@@ -130,6 +148,27 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["efa.count=0"]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_write_is_retried_without_a_device_change() {
+        let dir = tempfile::tempdir().unwrap();
+        // A dir that is not there yet stands in for a full disk: the write fails until it is.
+        let features = dir.path().join("features.d");
+        let path = features.join("efa");
+        let state = DeviceState::default();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(path.clone(), state.clone(), shutdown.clone()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!path.exists());
+        std::fs::create_dir(&features).unwrap();
+        tokio::time::sleep(RETRY).await;
+        assert!(
+            std::fs::read_to_string(&path).is_ok_and(|t| t.contains("efa.count=0")),
+            "not written again"
+        );
+        shutdown.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test]
