@@ -81,9 +81,14 @@ install_go_tools() {
   return "$status"
 }
 
-# Each plain-manifest variant next to the chart values that should render it.
+# Each plain-manifest variant next to the chart values that should render it,
+# and base/ with each optional component.
 render() {
-  "$kustomize" build "$repo/manifests" >"$work/plain.yaml" &&
+  mkdir -p "$work/no-pod-labels" &&
+    printf 'resources:\n  - %s\ncomponents:\n  - %s\n' "$repo/manifests/base" \
+      "$repo/manifests/components/counters-without-pod-labels" >"$work/no-pod-labels/kustomization.yaml" &&
+    "$kustomize" build --load-restrictor LoadRestrictionsNone "$work/no-pod-labels" >"$work/plain-no-pod-labels.yaml" &&
+    "$kustomize" build "$repo/manifests" >"$work/plain.yaml" &&
     "$kustomize" build "$repo/manifests/labelled" >"$work/plain-labelled.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system >"$work/helm.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \

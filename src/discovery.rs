@@ -289,16 +289,21 @@ fn pci_path(
     }
 }
 
-/// Removes `.` and folds `..` components without following links.
+/// Removes `.` and folds `..` components without following links; a relative path keeps the
+/// `..` it starts with (`../sys` stays `../sys`).
 fn fold(path: &Path) -> PathBuf {
     use std::path::Component;
     let mut out = PathBuf::new();
     for part in path.components() {
         match part {
             Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
+            Component::ParentDir => match out.components().next_back() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                Some(Component::RootDir | Component::Prefix(_)) => {}
+                _ => out.push(".."),
+            },
             other => out.push(other),
         }
     }
@@ -525,6 +530,13 @@ mod tests {
             1,
             "only the stuck entry stays listed"
         );
+    }
+
+    #[test]
+    fn folding_keeps_what_a_relative_path_climbs_above() {
+        assert_eq!(fold(Path::new("/a/b/../c/./d")), Path::new("/a/c/d"));
+        assert_eq!(fold(Path::new("/../a")), Path::new("/a"));
+        assert_eq!(fold(Path::new("../../x/sys/../y")), Path::new("../../x/y"));
     }
 
     #[test]
