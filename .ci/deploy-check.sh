@@ -84,17 +84,24 @@ install_go_tools() {
 # Each plain-manifest variant next to the chart values that should render it,
 # and base/ with each optional component.
 render() {
-  mkdir -p "$work/no-pod-labels" &&
-    printf 'resources:\n  - %s\ncomponents:\n  - %s\n' "$repo/manifests/base" \
-      "$repo/manifests/components/counters-without-pod-labels" >"$work/no-pod-labels/kustomization.yaml" &&
-    "$kustomize" build --load-restrictor LoadRestrictionsNone "$work/no-pod-labels" >"$work/plain-no-pod-labels.yaml" &&
-    "$kustomize" build "$repo/manifests" >"$work/plain.yaml" &&
+  "$kustomize" build "$repo/manifests" >"$work/plain.yaml" &&
     "$kustomize" build "$repo/manifests/labelled" >"$work/plain-labelled.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system >"$work/helm.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
       --set nodeScope.mode=labelled >"$work/helm-labelled.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
-      -f "$repo/tests/deploy/values-variant.yaml" >"$work/helm-variant.yaml"
+      -f "$repo/tests/deploy/values-variant.yaml" >"$work/helm-variant.yaml" &&
+    render_with_component counters-without-pod-labels
+}
+
+# kustomize takes only relative paths to other kustomizations.
+render_with_component() {
+  local overlay="$work/with-$1"
+  mkdir -p "$overlay" &&
+    printf 'resources:\n  - %s\ncomponents:\n  - %s\n' \
+      "$(realpath --relative-to="$overlay" "$repo/manifests/base")" \
+      "$(realpath --relative-to="$overlay" "$repo/manifests/components/$1")" >"$overlay/kustomization.yaml" &&
+    "$kustomize" build --load-restrictor LoadRestrictionsNone "$overlay" >"$work/plain-with-$1.yaml"
 }
 
 compare_renders() {

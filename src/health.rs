@@ -147,9 +147,11 @@ impl ScanStats {
         }
     }
 
-    fn finished(&self, failure: Option<String>) {
+    /// Records the end of a pass; returns whether it ended a run of failed ones.
+    fn finished(&self, failure: Option<String>) -> bool {
         let mut inner = self.lock();
         inner.last_pass = Instant::now();
+        let recovered = failure.is_none() && inner.failed_in_a_row > 0;
         match failure {
             Some(why) => {
                 inner.failed_in_a_row += 1;
@@ -157,6 +159,7 @@ impl ScanStats {
             }
             None => inner.failed_in_a_row = 0,
         }
+        recovered
     }
 
     /// Scan errors so far, by reason.
@@ -244,7 +247,7 @@ impl Monitor {
                     "a pass did not finish within {}s, stuck reading {}",
                     PASS_DEADLINE.as_secs(),
                     if stuck.is_empty() {
-                        "the class directory".to_owned()
+                        "a directory or a device node, not an EFA entry".to_owned()
                     } else {
                         stuck.iter().cloned().collect::<Vec<_>>().join(", ")
                     }
@@ -274,14 +277,17 @@ impl Monitor {
                 Some(why)
             }
         };
-        self.stats.finished(failure);
+        if self.stats.finished(failure) {
+            tracing::info!("sysfs scans work again");
+        }
     }
 
     /// Runs a pass on the blocking pool with a deadline; on timeout, the entries it is stuck on.
     async fn pass(&mut self) -> Result<Observed, BTreeSet<String>> {
         if let Some(earlier) = &self.abandoned {
             if !earlier.is_finished() && self.reads.in_flight().is_empty() {
-                // Stuck before reaching an entry: another thread would only stick there too.
+                // Stuck outside the entries (a listing, a node's stat): another thread would
+                // only stick there too.
                 return Err(BTreeSet::new());
             }
             self.abandoned = None;

@@ -29,13 +29,14 @@ use crate::lifecycle::PluginStatus;
 /// the descriptors or the memory the devices depend on.
 pub const MAX_CONNECTIONS: usize = 64;
 
-/// A client that has not sent its request head by then is dropped, so idle or stuck scrapers
-/// cannot hold a connection slot for long.
+/// A client that has not sent a whole request head this long after connecting, or after its
+/// last answer on a kept-alive connection, is dropped: idle or stuck clients cannot hold a
+/// connection slot for long.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Every connection ends by then, whatever it is doing: a request is answered in milliseconds,
 /// and a client trickling its request or reading its answer slowly gives the slot back.
-pub const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
+const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
 
 /// hyper's smallest read buffer: request heads of the three paths fit many times over.
 const READ_BUFFER: usize = 8192;
