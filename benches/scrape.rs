@@ -169,9 +169,15 @@ async fn measure() -> Vec<(&'static str, Summary)> {
 
     let pid = h.plugin_pid();
     let rss_before = status_kib(pid, "VmRSS");
+    let fds_before = support::fds_and_tasks(pid).0;
     let snapshots = h.kubelet.view().borrow().snapshots;
-    let (flooded, flood) = while_flooding(address, pid, || {
-        allocations(&h.kubelet, &id, 10 * ALLOCATIONS)
+    let (flooded, flood) = while_flooding(address, pid, || async {
+        let mut samples = Vec::new();
+        let until = Instant::now() + FLOOD_TIME;
+        while Instant::now() < until {
+            samples.extend(allocations(&h.kubelet, &id, ALLOCATIONS).await);
+        }
+        samples
     })
     .await;
     let view = h.kubelet.view().borrow().clone();
@@ -185,12 +191,13 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     println!("scrapes while timing Allocate: {frequent_scrapes} at 10/s, {busy_scrapes} non-stop");
     println!(
         "flood of {FLOOD} idle connections ({}x the cap), {} connects in {:.1} s: \
-         at most {} held open, plugin fds at most {}, VmRSS {} KiB before, peak (VmHWM) {} KiB; \
-         device state {}\n",
+         at most {} held open, plugin fds {} before (608 counter files), at most {} during; \
+         VmRSS {} KiB before, peak (VmHWM) {} KiB; device state {}\n",
         FLOOD / MAX_CONNECTIONS,
         flood.connects,
         flood.took.as_secs_f64(),
         flood.most_open,
+        fds_before,
         flood.most_fds,
         rss_before,
         status_kib(pid, "VmHWM"),
@@ -211,6 +218,10 @@ async fn measure() -> Vec<(&'static str, Summary)> {
 
 /// Ten times the endpoint's connection cap.
 const FLOOD: usize = 10 * MAX_CONNECTIONS;
+/// How often the flood replaces the connections the plugin closed.
+const REFILL: Duration = Duration::from_millis(500);
+/// How long Allocate is timed under the flood.
+const FLOOD_TIME: Duration = Duration::from_secs(5);
 
 struct Flood {
     connects: usize,
@@ -220,8 +231,8 @@ struct Flood {
     most_fds: usize,
 }
 
-/// Runs `measure` while another thread keeps [`FLOOD`] idle connections to `address`, opening
-/// a new one for each that the plugin closed, every 50 ms.
+/// Runs `measure` while another thread keeps [`FLOOD`] idle connections to `address`: every
+/// [`REFILL`] it opens a new one for each the plugin closed, as a persistent attacker would.
 async fn while_flooding<F, Fut>(address: SocketAddr, pid: u32, measure: F) -> (Summary, Flood)
 where
     F: FnOnce() -> Fut,
@@ -232,37 +243,32 @@ where
     let flooder = std::thread::spawn({
         let stop = stop.clone();
         move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("flood runtime")
-                .block_on(async {
-                    let mut flood = Flood {
-                        connects: 0,
-                        took: Duration::ZERO,
-                        most_open: 0,
-                        most_fds: 0,
+            let mut flood = Flood {
+                connects: 0,
+                took: Duration::ZERO,
+                most_open: 0,
+                most_fds: 0,
+            };
+            let mut open: Vec<std::net::TcpStream> = Vec::with_capacity(FLOOD);
+            while !stop.load(Ordering::Relaxed) {
+                open.retain(|mut stream| {
+                    use std::io::Read;
+                    // Still open: nothing to read yet. Closed: end of stream (or reset).
+                    matches!(stream.read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                });
+                flood.most_open = flood.most_open.max(open.len());
+                flood.most_fds = flood.most_fds.max(support::fds_and_tasks(pid).0);
+                while open.len() < FLOOD {
+                    let Ok(stream) = std::net::TcpStream::connect(address) else {
+                        break;
                     };
-                    let mut open: Vec<tokio::net::TcpStream> = Vec::with_capacity(FLOOD);
-                    while !stop.load(Ordering::Relaxed) {
-                        open.retain(|stream| {
-                            let mut byte = [0u8; 1];
-                            // Still open: nothing to read yet. Closed: end of stream.
-                            matches!(stream.try_read(&mut byte), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
-                        });
-                        flood.most_open = flood.most_open.max(open.len());
-                        flood.most_fds = flood.most_fds.max(support::fds_and_tasks(pid).0);
-                        while open.len() < FLOOD {
-                            match tokio::net::TcpStream::connect(address).await {
-                                Ok(stream) => open.push(stream),
-                                Err(_) => break,
-                            }
-                            flood.connects += 1;
-                        }
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
-                    flood
-                })
+                    stream.set_nonblocking(true).expect("non-blocking");
+                    open.push(stream);
+                    flood.connects += 1;
+                }
+                std::thread::sleep(REFILL);
+            }
+            flood
         }
     });
     // Let the flood fill up before the first call is timed.
