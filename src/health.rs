@@ -435,3 +435,37 @@ fn log_change(change: &Change) {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn liveness_fails_after_repeated_failures_or_a_stalled_monitor() {
+        let stats = ScanStats::new(Duration::from_secs(5));
+        assert_eq!(stats.liveness(), Ok(()));
+        for _ in 0..FAILED_PASSES - 1 {
+            assert!(!stats.finished(Some("EIO listing class/infiniband".into())));
+        }
+        assert_eq!(
+            stats.liveness(),
+            Ok(()),
+            "a failure or two is retried quietly"
+        );
+        stats.finished(Some("EIO listing class/infiniband".into()));
+        let reason = stats.liveness().unwrap_err();
+        assert!(
+            reason.contains("last 3 sysfs scans failed") && reason.contains("EIO"),
+            "{reason}"
+        );
+        assert!(stats.finished(None), "the first good pass ends the run");
+        assert_eq!(stats.liveness(), Ok(()));
+
+        stats.lock().last_pass = Instant::now() - Duration::from_secs(18);
+        let reason = stats.liveness().unwrap_err();
+        assert!(
+            reason.contains("no sysfs scan has finished for 18s"),
+            "{reason}"
+        );
+    }
+}
