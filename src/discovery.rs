@@ -112,6 +112,15 @@ impl Reads {
         self.lock().clone()
     }
 
+    /// Marks `ibdev` as being read; false when an earlier read of it has not returned.
+    pub fn begin(&self, ibdev: &str) -> bool {
+        self.lock().insert(ibdev.to_owned())
+    }
+
+    pub fn end(&self, ibdev: &str) {
+        self.lock().remove(ibdev);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -149,7 +158,7 @@ pub fn scan_guarded(sysfs_root: &Path, reads: &Reads) -> Scan {
             Some(driver) if driver == EFA_DRIVER => {}
             _ => continue,
         }
-        if !reads.lock().insert(ibdev.clone()) {
+        if !reads.begin(&ibdev) {
             result.problems.push(Problem {
                 entry: ibdev,
                 reason: STILL_READING.into(),
@@ -157,7 +166,7 @@ pub fn scan_guarded(sysfs_root: &Path, reads: &Reads) -> Scan {
             continue;
         }
         let read = read_efa(&devices_dir, &dir, &ibdev);
-        reads.lock().remove(&ibdev);
+        reads.end(&ibdev);
         match read {
             Ok((efa, numa)) => {
                 if let Err(reason) = numa {
@@ -520,7 +529,7 @@ mod tests {
     fn an_entry_still_being_read_is_skipped() {
         let (_dir, node, _) = scan_shape(Shape::P4d);
         let reads = Reads::default();
-        reads.lock().insert("rdmap32s27".into());
+        assert!(reads.begin("rdmap32s27"));
         let found = scan_guarded(&node.sysfs, &reads);
         assert_eq!(found.devices.len(), 3);
         assert_eq!(found.problems[0].entry, "rdmap32s27");

@@ -79,6 +79,9 @@ pub fn observe(sysfs_root: &Path, dev_root: &Path, regular_files: bool) -> Obser
     observe_guarded(sysfs_root, dev_root, regular_files, &Reads::default())
 }
 
+/// How a pass observes the node; a parameter only so a test can stand in for a hung driver.
+type Observer = fn(&Path, &Path, bool, &Reads) -> Observed;
+
 fn observe_guarded(
     sysfs_root: &Path,
     dev_root: &Path,
@@ -199,6 +202,7 @@ pub struct Monitor {
     state: DeviceState,
     stats: Arc<ScanStats>,
     reads: Arc<Reads>,
+    observer: Observer,
     /// A pass abandoned at its deadline and still running.
     abandoned: Option<JoinHandle<Observed>>,
     /// Problems already logged, so each is logged once while it lasts.
@@ -223,6 +227,7 @@ impl Monitor {
             state,
             stats: Arc::new(ScanStats::new(interval)),
             reads: Arc::default(),
+            observer: observe_guarded,
             abandoned: None,
             known_problems: BTreeSet::new(),
         }
@@ -292,14 +297,15 @@ impl Monitor {
             }
             self.abandoned = None;
         }
-        let (sysfs_root, dev_root, regular_files, reads) = (
+        let (sysfs_root, dev_root, regular_files, reads, observe) = (
             self.sysfs_root.clone(),
             self.dev_root.clone(),
             self.regular_files,
             self.reads.clone(),
+            self.observer,
         );
         let mut pass = tokio::task::spawn_blocking(move || {
-            observe_guarded(&sysfs_root, &dev_root, regular_files, &reads)
+            observe(&sysfs_root, &dev_root, regular_files, &reads)
         });
         match tokio::time::timeout(PASS_DEADLINE, &mut pass).await {
             Ok(Ok(observed)) => Ok(observed),
@@ -439,6 +445,96 @@ fn log_change(change: &Change) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::simulate;
+
+    /// A p4d whose `HUNG` entry never returns from a read until a writer opens the FIFO
+    /// `<sysfs>/hang`; the other devices read fine.
+    const HUNG: &str = "rdmap32s27";
+
+    fn hung_driver(sysfs: &Path, _: &Path, _: bool, reads: &Reads) -> Observed {
+        let records = simulate::inventory(simulate::Shape::P4d)
+            .devices()
+            .filter(|d| d.efa.ibdev != HUNG)
+            .cloned()
+            .collect();
+        if reads.begin(HUNG) {
+            // A FIFO opened without O_NONBLOCK blocks until a writer comes, as a hung read would.
+            let _ = std::fs::read(sysfs.join("hang"));
+            reads.end(HUNG);
+        }
+        Observed {
+            records,
+            problems: vec![Problem {
+                entry: HUNG.into(),
+                reason: discovery::STILL_READING.into(),
+            }],
+            ..Observed::default()
+        }
+    }
+
+    /// Lets a read blocked on the FIFO return, even when the test fails, so the runtime's
+    /// shutdown does not wait on it forever.
+    struct Release(PathBuf);
+
+    impl Drop for Release {
+        fn drop(&mut self) {
+            use std::os::unix::fs::OpenOptionsExt;
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+                .open(&self.0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pass_stuck_in_a_read_costs_only_that_device_and_only_one_thread() {
+        let sysfs = tempfile::tempdir().unwrap();
+        let hang = sysfs.path().join("hang");
+        nix::unistd::mkfifo(&hang, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let _release = Release(hang);
+        let state = DeviceState::default();
+        state.apply(
+            simulate::inventory(simulate::Shape::P4d)
+                .devices()
+                .cloned()
+                .collect(),
+        );
+        let mut monitor = Monitor::new(
+            sysfs.path().to_owned(),
+            sysfs.path().to_owned(),
+            Duration::from_secs(5),
+            state.clone(),
+        );
+        monitor.observer = hung_driver;
+
+        monitor.refresh().await;
+        let health = |state: &DeviceState| -> Vec<(String, bool)> {
+            state
+                .current()
+                .devices()
+                .map(|d| (d.efa.ibdev.clone(), d.is_healthy()))
+                .collect()
+        };
+        let stuck = |state: &DeviceState| {
+            let inventory = state.current();
+            let record = inventory.devices().find(|d| d.efa.ibdev == HUNG).unwrap();
+            record.verdict.reason.clone().unwrap_or_default()
+        };
+        assert_eq!(health(&state).iter().filter(|(_, ok)| *ok).count(), 3);
+        assert!(
+            stuck(&state).contains("took longer than 2s"),
+            "{}",
+            stuck(&state)
+        );
+        assert_eq!(monitor.stats.errors().get("deadline"), Some(&1));
+
+        // The next pass does not wait on the stuck entry again: it reports it at once.
+        let started = Instant::now();
+        monitor.refresh().await;
+        assert!(started.elapsed() < PASS_DEADLINE);
+        assert_eq!(stuck(&state), discovery::STILL_READING);
+        assert_eq!(health(&state).iter().filter(|(_, ok)| *ok).count(), 3);
+    }
 
     #[test]
     fn liveness_fails_after_repeated_failures_or_a_stalled_monitor() {
