@@ -84,7 +84,8 @@ install_go_tools() {
   return "$status"
 }
 
-# Each plain-manifest variant next to the chart values that should render it.
+# Each plain-manifest variant next to the chart values that should render it,
+# and base/ with each optional component.
 render() {
   "$kustomize" build "$repo/manifests" >"$work/plain.yaml" &&
     "$kustomize" build "$repo/manifests/labelled" >"$work/plain-labelled.yaml" &&
@@ -93,21 +94,22 @@ render() {
       --set nodeScope.mode=labelled >"$work/helm-labelled.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
       -f "$repo/tests/deploy/values-variant.yaml" >"$work/helm-variant.yaml" &&
-    render_cdi
+    render_with_component cdi "$work/plain-cdi.yaml" &&
+    "$helm" template efa-device-plugin "$chart" --namespace kube-system \
+      --set cdi.enabled=true >"$work/helm-cdi.yaml" &&
+    render_with_component counters-without-pod-labels "$work/plain-with-counters-without-pod-labels.yaml"
 }
 
-# The CDI component is used from an overlay, as a user would; the overlay sits
-# outside $work/*.yaml, which the validators read. kustomize takes relative
-# paths only.
-render_cdi() {
-  local overlay=$work/overlay-cdi
+# render_with_component NAME OUT: base/ with one optional component, from an overlay, as a user
+# would use it. kustomize takes only relative paths to other kustomizations; the overlay dir sits
+# outside $work/*.yaml, which the validators read.
+render_with_component() {
+  local overlay="$work/with-$1"
   mkdir -p "$overlay" &&
     printf 'resources:\n  - %s\ncomponents:\n  - %s\n' \
-      "$(realpath --relative-to="$overlay" "$repo/manifests")" \
-      "$(realpath --relative-to="$overlay" "$repo/manifests/components/cdi")" >"$overlay/kustomization.yaml" &&
-    "$kustomize" build "$overlay" >"$work/plain-cdi.yaml" &&
-    "$helm" template efa-device-plugin "$chart" --namespace kube-system \
-      --set cdi.enabled=true >"$work/helm-cdi.yaml"
+      "$(realpath --relative-to="$overlay" "$repo/manifests/base")" \
+      "$(realpath --relative-to="$overlay" "$repo/manifests/components/$1")" >"$overlay/kustomization.yaml" &&
+    "$kustomize" build --load-restrictor LoadRestrictionsNone "$overlay" >"$2"
 }
 
 compare_renders() {

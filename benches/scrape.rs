@@ -1,5 +1,6 @@
 //! What observability costs: a `/metrics` scrape of a p5.48xlarge (32 EFAs, 19 counters each),
-//! and Allocate latency with and without a scraper hammering the endpoint.
+//! and Allocate latency with and without a scraper hammering the endpoint; and what a flood of
+//! idle connections to the endpoint, ten times its connection cap, costs the plugin.
 //!
 //! The real binary runs as in production, one process on a single-threaded runtime; the kubelet
 //! stand-in and the clients run in this process. Run with `cargo bench --bench scrape`.
@@ -12,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use efa_device_plugin::health;
+use efa_device_plugin::health::{self, ScanStats};
 use efa_device_plugin::kubelet_stub::KubeletStub;
 use efa_device_plugin::lifecycle::PluginStatus;
 use efa_device_plugin::pod_resources_stub::{PodResourcesStub, pod};
@@ -21,6 +22,7 @@ use efa_device_plugin::proto::podresources::PodResources;
 use efa_device_plugin::simulate::Shape;
 use efa_device_plugin::state::DeviceState;
 use efa_device_plugin::telemetry::counters::CounterFiles;
+use efa_device_plugin::telemetry::http::MAX_CONNECTIONS;
 use efa_device_plugin::telemetry::metrics::{AllocationMetrics, Metrics};
 use efa_device_plugin::telemetry::pod_resources;
 use support::{Harness, http_get};
@@ -92,13 +94,17 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         .await,
     );
     let state = DeviceState::default();
-    state.apply(health::observe(&h.node.sysfs, &h.node.dev).0);
+    state.apply(health::observe(&h.node.sysfs, &h.node.dev, true).records);
     let metrics = Metrics::new(
         state,
         tokio::sync::watch::channel(PluginStatus::default()).1,
         &AllocationMetrics::default(),
+        Arc::new(ScanStats::new(Duration::from_secs(5))),
         &h.node.sysfs,
-        pod_resources::PodResources::new(h.root.path().join("absent.sock"), RESOURCE.into()),
+        Some(pod_resources::PodResources::new(
+            h.root.path().join("absent.sock"),
+            RESOURCE.into(),
+        )),
     );
     let render = summary(
         &timed(SCRAPES, || async {
@@ -161,13 +167,41 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     stub_stop.cancel();
     stub.join().expect("PodResources thread");
 
+    let pid = h.plugin_pid();
+    let rss_before = status_kib(pid, "VmRSS");
+    let fds_before = support::fds_and_tasks(pid).0;
+    let snapshots = h.kubelet.view().borrow().snapshots;
+    let (flooded, flood) = while_flooding(address, pid, || async {
+        let mut samples = Vec::new();
+        let until = Instant::now() + FLOOD_TIME;
+        while Instant::now() < until {
+            samples.extend(allocations(&h.kubelet, &id, ALLOCATIONS).await);
+        }
+        samples
+    })
+    .await;
+    let view = h.kubelet.view().borrow().clone();
+    let unchanged = view.snapshots == snapshots && view.healthy() == h.efas().len();
+
     println!(
         "p5.48xlarge: {} EFAs, {series} counter series, {} bytes per scrape",
         h.efas().len(),
         text.len()
     );
+    println!("scrapes while timing Allocate: {frequent_scrapes} at 10/s, {busy_scrapes} non-stop");
     println!(
-        "scrapes while timing Allocate: {frequent_scrapes} at 10/s, {busy_scrapes} non-stop\n"
+        "flood of {FLOOD} idle connections ({}x the cap), {} connects in {:.1} s: \
+         at most {} held open, plugin fds {} before (608 counter files), at most {} during; \
+         VmRSS {} KiB before, peak (VmHWM) {} KiB; device state {}\n",
+        FLOOD / MAX_CONNECTIONS,
+        flood.connects,
+        flood.took.as_secs_f64(),
+        flood.most_open,
+        fds_before,
+        flood.most_fds,
+        rss_before,
+        status_kib(pid, "VmHWM"),
+        if unchanged { "unchanged" } else { "CHANGED" }
     );
     h.terminate_plugin();
     vec![
@@ -178,7 +212,82 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         ("Allocate, no scrapes", quiet),
         ("Allocate, scraped 10/s", frequent),
         ("Allocate, scraped non-stop", busy),
+        ("Allocate, 640 idle conns", flooded),
     ]
+}
+
+/// Ten times the endpoint's connection cap.
+const FLOOD: usize = 10 * MAX_CONNECTIONS;
+/// How often the flood replaces the connections the plugin closed.
+const REFILL: Duration = Duration::from_millis(500);
+/// How long Allocate is timed under the flood.
+const FLOOD_TIME: Duration = Duration::from_secs(5);
+
+struct Flood {
+    connects: usize,
+    took: Duration,
+    /// The most connections the plugin held open at one check.
+    most_open: usize,
+    most_fds: usize,
+}
+
+/// Runs `measure` while another thread keeps [`FLOOD`] idle connections to `address`: every
+/// [`REFILL`] it opens a new one for each the plugin closed, as a persistent attacker would.
+async fn while_flooding<F, Fut>(address: SocketAddr, pid: u32, measure: F) -> (Summary, Flood)
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Vec<Duration>>,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let flooder = std::thread::spawn({
+        let stop = stop.clone();
+        move || {
+            let mut flood = Flood {
+                connects: 0,
+                took: Duration::ZERO,
+                most_open: 0,
+                most_fds: 0,
+            };
+            let mut open: Vec<std::net::TcpStream> = Vec::with_capacity(FLOOD);
+            while !stop.load(Ordering::Relaxed) {
+                open.retain(|mut stream| {
+                    use std::io::Read;
+                    // Still open: nothing to read yet. Closed: end of stream (or reset).
+                    matches!(stream.read(&mut [0u8; 1]), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                });
+                flood.most_open = flood.most_open.max(open.len());
+                flood.most_fds = flood.most_fds.max(support::fds_and_tasks(pid).0);
+                while open.len() < FLOOD {
+                    let Ok(stream) = std::net::TcpStream::connect(address) else {
+                        break;
+                    };
+                    stream.set_nonblocking(true).expect("non-blocking");
+                    open.push(stream);
+                    flood.connects += 1;
+                }
+                std::thread::sleep(REFILL);
+            }
+            flood
+        }
+    });
+    // Let the flood fill up before the first call is timed.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let samples = measure().await;
+    stop.store(true, Ordering::Relaxed);
+    let mut flood = flooder.join().expect("flooder");
+    flood.took = started.elapsed();
+    (summary(&samples), flood)
+}
+
+/// A `/proc/<pid>/status` figure in KiB (`VmRSS`, `VmHWM`).
+fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
 }
 
 struct Summary {

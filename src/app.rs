@@ -14,7 +14,7 @@ use crate::allocation::{Allocator, Contributor, DeviceNodes, Environment};
 use crate::cdi::{self, CdiDevices, Kind, SpecSettings};
 use crate::config::{DeviceListStrategy, Settings};
 use crate::conflict::Guard;
-use crate::health::Monitor;
+use crate::health::{Monitor, ScanStats};
 use crate::lifecycle::{Lifecycle, PluginStatus};
 use crate::state::DeviceState;
 use crate::telemetry::http::{self, Endpoint};
@@ -55,6 +55,13 @@ impl Plugin {
                 failures: Counter::default(),
             }),
         };
+        let mut monitor = Monitor::new(
+            settings.sysfs_root.clone(),
+            settings.dev_root.clone(),
+            settings.rescan_interval,
+            self.state.clone(),
+        )
+        .with_regular_files(settings.test_only_regular_file_nodes);
         // Bound before anything else starts, so a taken port fails the start with one line.
         let endpoint = match settings.metrics_address {
             Some(address) => Some(
@@ -62,6 +69,7 @@ impl Plugin {
                     settings,
                     &allocations,
                     cdi.as_ref().map(|spec| spec.failures.clone()),
+                    monitor.stats(),
                     address,
                     &shutdown,
                 )
@@ -69,17 +77,11 @@ impl Plugin {
             ),
             None => None,
         };
-        let mut monitor = Monitor::new(
-            settings.sysfs_root.clone(),
-            settings.dev_root.clone(),
-            settings.rescan_interval,
-            self.state.clone(),
-        );
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
         let mut tasks = vec![tokio::spawn(monitor.run(shutdown.clone()))];
         tasks.extend(endpoint);
-        tasks.extend(self.start_guard(settings, &shutdown));
+        tasks.extend(self.start_guard(settings, &shutdown).await);
         if let Some(path) = &settings.nfd_features_file {
             tasks.push(tokio::spawn(crate::nfd::run(
                 path.clone(),
@@ -141,6 +143,7 @@ impl Plugin {
         settings: &Settings,
         allocations: &AllocationMetrics,
         cdi_failures: Option<Counter>,
+        scans: Arc<ScanStats>,
         address: std::net::SocketAddr,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<JoinHandle<()>> {
@@ -153,11 +156,14 @@ impl Plugin {
             self.state.clone(),
             self.status.subscribe(),
             allocations,
+            scans.clone(),
             &settings.sysfs_root,
-            PodResources::new(
-                settings.pod_resources_socket.clone(),
-                settings.resource_name.clone(),
-            ),
+            settings.counter_pod_labels.then(|| {
+                PodResources::new(
+                    settings.pod_resources_socket.clone(),
+                    settings.resource_name.clone(),
+                )
+            }),
         );
         if let Some(failures) = cdi_failures {
             metrics.register_counter(
@@ -169,6 +175,7 @@ impl Plugin {
         let endpoint = Arc::new(Endpoint {
             metrics,
             status: self.status.subscribe(),
+            scans,
             stopped: shutdown.clone(),
         });
         Ok(tokio::spawn(http::serve(
@@ -180,7 +187,7 @@ impl Plugin {
 
     /// The conflict is in the state before the kubelet can see a device, so no EFA is
     /// advertised as allocatable while a DRA driver owns them.
-    fn start_guard(
+    async fn start_guard(
         &self,
         settings: &Settings,
         shutdown: &CancellationToken,
@@ -194,7 +201,7 @@ impl Plugin {
             settings.rescan_interval,
             self.state.clone(),
         );
-        guard.refresh();
+        guard.refresh().await;
         Some(tokio::spawn(guard.run(shutdown.clone())))
     }
 }
@@ -211,16 +218,21 @@ impl Default for Plugin {
     }
 }
 
+/// A read stuck in the kernel never returns; the process must end anyway, so shutdown waits
+/// this long for blocking work and then leaves it behind.
+const BLOCKING_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
+
 /// The `run` command: the plugin as a process, stopped by SIGTERM or SIGINT.
 pub fn serve(settings: Settings) -> anyhow::Result<()> {
     crate::telemetry::init_logging(settings.log_format, &settings.log_level)?;
+    crate::telemetry::fds::raise_limit();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         // sysfs reads run on the blocking pool for milliseconds every rescan; an idle plugin
         // should not keep their threads around.
         .thread_keep_alive(std::time::Duration::from_secs(2))
         .build()?;
-    runtime.block_on(async {
+    let outcome = runtime.block_on(async {
         use tokio::signal::unix::{SignalKind, signal};
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
@@ -241,5 +253,7 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
         tracing::info!("stopping on signal");
         shutdown.cancel();
         running.await
-    })
+    });
+    runtime.shutdown_timeout(BLOCKING_GRACE);
+    outcome
 }

@@ -229,6 +229,33 @@ pub struct Options {
         global = true
     )]
     pub allocate_env: Vec<EnvPairs>,
+    /// Label EFA hardware counters with the namespace, pod and container holding the device.
+    #[arg(
+        long,
+        env = "EFA_DP_COUNTER_POD_LABELS",
+        value_name = "BOOL",
+        default_value_t = true,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = parse_bool,
+        global = true
+    )]
+    pub counter_pod_labels: bool,
+    /// TEST ONLY: judge an empty regular file at a uverbs node path Healthy, for simulated nodes
+    /// built without CAP_MKNOD. Never set it on a real node.
+    #[arg(
+        long,
+        env = "EFA_DP_TEST_ONLY_REGULAR_FILE_NODES",
+        value_name = "BOOL",
+        default_value_t = false,
+        action = clap::ArgAction::Set,
+        num_args = 0..=1,
+        default_missing_value = "true",
+        value_parser = parse_bool,
+        global = true
+    )]
+    pub test_only_regular_file_nodes: bool,
 }
 
 /// How allocated devices reach the container runtime.
@@ -272,6 +299,7 @@ struct FileConfig {
     nfd_features_file: Option<PathBuf>,
     device_list_strategy: Option<String>,
     cdi_spec_dir: Option<PathBuf>,
+    counter_pod_labels: Option<bool>,
     sharing: Option<FileSharing>,
     allocate: Option<FileAllocate>,
 }
@@ -313,6 +341,11 @@ pub struct Settings {
     pub allow_dra_coexistence: bool,
     #[serde(serialize_with = "serialize_optional_path")]
     pub nfd_features_file: Option<PathBuf>,
+    pub counter_pod_labels: bool,
+    /// Deliberately not readable from the config file: a test switch belongs on a test's
+    /// command line, where it is seen; shown only when on.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub test_only_regular_file_nodes: bool,
     pub device_list_strategy: DeviceListStrategy,
     pub cdi_spec_dir: PathBuf,
     pub allocate: AllocateSettings,
@@ -348,6 +381,8 @@ impl Default for Settings {
             device_list_strategy: o.device_list_strategy,
             cdi_spec_dir: o.cdi_spec_dir,
             allocate: AllocateSettings::default(),
+            counter_pod_labels: o.counter_pod_labels,
+            test_only_regular_file_nodes: o.test_only_regular_file_nodes,
         }
     }
 }
@@ -379,13 +414,19 @@ fn serialize_optional_path<S: serde::Serializer>(
 #[error("{0}")]
 pub struct ConfigError(pub String);
 
-/// Parses a duration such as `500ms` or `2s`; zero is refused because it would spin.
+/// The shortest rescan interval: a full pass over a 256-EFA node takes a few milliseconds, so
+/// anything shorter would keep a core busy rescanning.
+pub const MIN_RESCAN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// Parses a duration such as `500ms` or `2s`; below [`MIN_RESCAN_INTERVAL`] is refused because
+/// it would spin.
 pub fn parse_interval(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text.trim())
         .map_err(|err| format!("invalid duration {text:?}: {err} (use e.g. 500ms, 2s, 1m)"))?;
-    if d.is_zero() {
+    if d < MIN_RESCAN_INTERVAL {
         return Err(format!(
-            "invalid duration {text:?}: must be greater than zero"
+            "invalid duration {text:?}: must be at least {}",
+            humantime::format_duration(MIN_RESCAN_INTERVAL)
         ));
     }
     Ok(d)
@@ -597,11 +638,25 @@ impl Merge<'_> {
     }
 }
 
+/// A config file is a few hundred bytes; the cap keeps a wrong path (a log, a disk image) from
+/// being read whole.
+pub const CONFIG_SIZE_LIMIT: u64 = 1 << 20;
+/// The schema nests two levels; the YAML parser's cost grows with the square of the depth, so
+/// deeper input is refused before it is parsed.
+pub const CONFIG_DEPTH_LIMIT: usize = 32;
+
 fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|err| ConfigError(format!("config file {}: {err}", path.display())))?;
+    let problem = |what: String| ConfigError(format!("config file {}: {what}", path.display()));
+    let text = crate::fsread::read_text(path, CONFIG_SIZE_LIMIT)
+        .map_err(|err| problem(err.to_string()))?;
     if text.trim().is_empty() {
         return Ok(FileConfig::default());
+    }
+    let depth = nesting_depth(&text);
+    if depth > CONFIG_DEPTH_LIMIT {
+        return Err(problem(format!(
+            "nested {depth} levels deep, more than the {CONFIG_DEPTH_LIMIT} allowed"
+        )));
     }
     serde_yaml::from_str(&text).map_err(|err| {
         ConfigError(format!(
@@ -742,6 +797,13 @@ fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, Co
         allocate: AllocateSettings {
             env: allocate_env(&merge, options, file.allocate.and_then(|a| a.env))?,
         },
+        counter_pod_labels: merge.pick(
+            "counter-pod-labels",
+            options.counter_pod_labels,
+            file.counter_pod_labels.map(|b| b.to_string()),
+            parse_bool,
+        )?,
+        test_only_regular_file_nodes: options.test_only_regular_file_nodes,
     };
     validate_resource_name(&settings.resource_name).map_err(|err| {
         ConfigError(format!(
@@ -801,6 +863,38 @@ fn allocate_env(
         .collect()
 }
 
+/// An upper bound on how deep the YAML in `text` nests, found without parsing it: per line, its
+/// indentation (two columns a level), its leading `- ` and `? ` entries, and the `[`/`{` flow
+/// collections open at its end. It may overcount (brackets in a plain scalar), never
+/// undercount, which is the safe side for a limit far above what the schema needs.
+fn nesting_depth(text: &str) -> usize {
+    let mut flow: usize = 0;
+    let mut deepest = 0;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
+        let mut rest = line.trim_start();
+        let mut entries = 0;
+        while let Some(after) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("? ")) {
+            entries += 1;
+            rest = after.trim_start();
+        }
+        let mut quote = None;
+        for c in rest.chars() {
+            match (quote, c) {
+                (None, '#') => break,
+                (None, '\'' | '"') => quote = Some(c),
+                (Some(open), c) if c == open => quote = None,
+                (None, '[' | '{') => flow += 1,
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+            deepest = deepest.max(flow);
+        }
+        deepest = deepest.max(indent.div_ceil(2) + entries + flow);
+    }
+    deepest
+}
+
 /// A YAML scalar as the text a flag would carry, so the file is parsed like the flag.
 fn yaml_scalar(value: &serde_yaml::Value) -> String {
     match value {
@@ -848,8 +942,24 @@ mod tests {
         assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
         assert_eq!(parse_interval("1m"), Ok(Duration::from_secs(60)));
         assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("1ns").is_err());
+        assert!(parse_interval("99ms").is_err());
+        assert_eq!(parse_interval("100ms"), Ok(MIN_RESCAN_INTERVAL));
         assert!(parse_interval("fast").is_err());
         assert!(parse_interval("").is_err());
+    }
+
+    #[test]
+    fn nesting_depth_bounds_block_compact_and_flow_nesting() {
+        assert_eq!(nesting_depth("sharing:\n  replicas: 1\n"), 1);
+        assert_eq!(nesting_depth("dra-drivers:\n  - dra.net\n"), 2);
+        assert_eq!(nesting_depth("a: [[[1]]]\n"), 3);
+        assert_eq!(nesting_depth("a: \"[[[\" # [[[\n"), 0);
+        assert_eq!(nesting_depth(&"- ".repeat(50)), 50);
+        assert_eq!(
+            nesting_depth(&format!("{}\n{}", "[".repeat(40), "]".repeat(40))),
+            40
+        );
     }
 
     #[test]

@@ -59,9 +59,15 @@ impl Guard {
     }
 
     /// Looks once and updates the device state; logs when a conflict starts or ends, and
-    /// reminds of an ongoing one once a minute.
-    pub fn refresh(&mut self) {
-        let conflict = find_driver(&self.dir, &self.drivers).map(|(driver, socket)| {
+    /// reminds of an ongoing one once a minute. The listing runs on the blocking pool: a
+    /// crowded or slow dir must not stall the RPCs and probes that share the runtime thread.
+    pub async fn refresh(&mut self) {
+        let (dir, drivers) = (self.dir.clone(), self.drivers.clone());
+        let Ok(found) = tokio::task::spawn_blocking(move || find_driver(&dir, &drivers)).await
+        else {
+            return;
+        };
+        let conflict = found.map(|(driver, socket)| {
             format!(
                 "DRA driver {driver} is registered on this node ({}) and allocates the same EFAs; \
                  the device plugin withholds them until it goes (or run with --allow-dra-coexistence)",
@@ -110,7 +116,7 @@ impl Guard {
                 _ = ticker.tick() => {}
                 _ = next_change(&mut watch) => {}
             }
-            self.refresh();
+            self.refresh().await;
         }
     }
 }

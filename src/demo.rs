@@ -54,6 +54,8 @@ async fn story(root: &std::path::Path) -> anyhow::Result<()> {
         metrics_address: None,
         pod_resources_socket: root.join("pod-resources/kubelet.sock"),
         plugins_registry_dir: root.join("plugins_registry"),
+        // The simulated nodes are regular files: the demo needs no CAP_MKNOD.
+        test_only_regular_file_nodes: true,
         ..Settings::default()
     };
     let shutdown = CancellationToken::new();

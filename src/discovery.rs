@@ -4,10 +4,12 @@
 //! driver; every other RDMA device (mlx5 `ibp*` on p6-b200, for one) is ignored. Nothing here is
 //! derived from `/sys/class/net`: EFA-only interfaces have no netdev.
 
+use std::collections::BTreeSet;
 use std::fmt;
 use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 /// The kernel driver name that marks an RDMA device as an EFA.
 pub const EFA_DRIVER: &str = "efa";
@@ -82,26 +84,73 @@ impl fmt::Display for Problem {
 pub struct Scan {
     /// Sorted by id.
     pub devices: Vec<Efa>,
+    /// Entries that look like an EFA but could not be read, sorted by entry (the ibdev).
     pub problems: Vec<Problem>,
+    /// EFAs kept without NUMA affinity because `numa_node` could not be read.
+    pub numa_unreadable: Vec<Problem>,
+    /// Why the class directory could not be listed at all: the pass saw nothing, which is not
+    /// the same as a node without EFAs.
+    pub failed: Option<ListingError>,
 }
+
+/// A failed listing of `<sysfs>/class/infiniband`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListingError {
+    /// The errno's name (`EMFILE`, `EACCES`, ...): few values, so fit for a metric label.
+    pub code: String,
+    pub message: String,
+}
+
+/// The ibdevs whose attributes are being read right now, across passes. A read stuck in the
+/// kernel stays listed; later passes skip that entry instead of blocking a thread on it too.
+#[derive(Debug, Default)]
+pub struct Reads(Mutex<BTreeSet<String>>);
+
+impl Reads {
+    /// The entries being read now.
+    pub fn in_flight(&self) -> BTreeSet<String> {
+        self.lock().clone()
+    }
+
+    /// Marks `ibdev` as being read; false when an earlier read of it has not returned.
+    pub fn begin(&self, ibdev: &str) -> bool {
+        self.lock().insert(ibdev.to_owned())
+    }
+
+    pub fn end(&self, ibdev: &str) {
+        self.lock().remove(ibdev);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeSet<String>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Why an entry is not read while an earlier read of it has not returned.
+pub const STILL_READING: &str = "an earlier read of its sysfs attributes has not returned";
 
 /// Reads every EFA below `sysfs_root`. A missing class directory means no EFA, not an error:
 /// the driver may load after the plugin starts.
 pub fn scan(sysfs_root: &Path) -> Scan {
+    scan_guarded(sysfs_root, &Reads::default())
+}
+
+/// [`scan`], skipping the entries that `reads` says are still being read by an earlier pass.
+pub fn scan_guarded(sysfs_root: &Path, reads: &Reads) -> Scan {
     let class = sysfs_root.join("class/infiniband");
     let mut result = Scan::default();
     let entries = match fs::read_dir(&class) {
         Ok(entries) => entries,
         Err(err) if err.kind() == io::ErrorKind::NotFound => return result,
         Err(err) => {
-            result.problems.push(Problem {
-                entry: class.display().to_string(),
-                reason: err.to_string(),
+            result.failed = Some(ListingError {
+                code: errno_name(&err),
+                message: format!("{}: {err}", class.display()),
             });
             return result;
         }
     };
-    let devices_dir = sysfs_root.join("devices");
+    let devices_dir = fold(&sysfs_root.join("devices"));
     for entry in entries.flatten() {
         let ibdev = entry.file_name().to_string_lossy().into_owned();
         let dir = entry.path();
@@ -109,8 +158,25 @@ pub fn scan(sysfs_root: &Path) -> Scan {
             Some(driver) if driver == EFA_DRIVER => {}
             _ => continue,
         }
-        match read_efa(&devices_dir, &dir, &ibdev) {
-            Ok(efa) => result.devices.push(efa),
+        if !reads.begin(&ibdev) {
+            result.problems.push(Problem {
+                entry: ibdev,
+                reason: STILL_READING.into(),
+            });
+            continue;
+        }
+        let read = read_efa(&devices_dir, &dir, &ibdev);
+        reads.end(&ibdev);
+        match read {
+            Ok((efa, numa)) => {
+                if let Err(reason) = numa {
+                    result.numa_unreadable.push(Problem {
+                        entry: ibdev,
+                        reason,
+                    });
+                }
+                result.devices.push(efa);
+            }
             Err(reason) => result.problems.push(Problem {
                 entry: ibdev,
                 reason,
@@ -122,29 +188,45 @@ pub fn scan(sysfs_root: &Path) -> Scan {
     result
 }
 
+fn errno_name(err: &io::Error) -> String {
+    err.raw_os_error().map_or_else(
+        || "EIO".to_owned(),
+        |code| format!("{:?}", nix::errno::Errno::from_raw(code)),
+    )
+}
+
 /// Basename of `<ibdev>/device/driver`, the kernel's own statement of which driver owns the device.
 fn driver_of(ibdev_dir: &Path) -> Option<String> {
     let target = fs::read_link(ibdev_dir.join("device/driver")).ok()?;
     Some(target.file_name()?.to_string_lossy().into_owned())
 }
 
-fn read_efa(devices_dir: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Efa, String> {
-    let function = ibdev_dir.join("device");
-    let function_link = fs::read_link(&function).map_err(|err| format!("device link: {err}"))?;
+/// The device, and whether its NUMA node could be read: an unreadable `numa_node` costs the
+/// device its topology hint, not its place on the node.
+type Read = (Efa, Result<(), String>);
+
+fn read_efa(devices_dir: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Read, String> {
+    let function_link =
+        fs::read_link(ibdev_dir.join("device")).map_err(|err| format!("device link: {err}"))?;
     let id = function_link
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .ok_or("device link has no file name")?;
+    let pci_path = pci_path(devices_dir, ibdev_dir, &function_link)?;
+    // Read through the path checked to be inside sysfs, not through the links again.
+    let function = devices_dir.join(&pci_path);
     let uverbs = uverbs_of(&function)?;
     let dev = read_trimmed(&function.join("infiniband_verbs").join(&uverbs).join("dev"))?
         .parse::<DevNum>()
         .map_err(|err| format!("{uverbs}/dev: {err}"))?;
-    let numa_node = match read_trimmed(&function.join("numa_node")) {
-        Ok(text) => parse_numa(&text)?,
-        Err(_) => None,
+    let (numa_node, numa_read) = match attribute(&function.join("numa_node")) {
+        Ok(text) => (parse_numa(&text)?, Ok(())),
+        // Kernels built without NUMA support have no such file.
+        Err(err) if err.kind() == io::ErrorKind::NotFound => (None, Ok(())),
+        Err(err) => (None, Err(format!("numa_node: {err}"))),
     };
-    Ok(Efa {
-        pci_path: pci_path(devices_dir, ibdev_dir, &function_link),
+    let efa = Efa {
+        pci_path,
         id,
         ibdev: ibdev.to_owned(),
         uverbs,
@@ -152,7 +234,8 @@ fn read_efa(devices_dir: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Efa, St
         numa_node,
         vendor: read_trimmed(&function.join("vendor")).unwrap_or_default(),
         device: read_trimmed(&function.join("device")).unwrap_or_default(),
-    })
+    };
+    Ok((efa, numa_read))
 }
 
 fn uverbs_of(function: &Path) -> Result<String, String> {
@@ -161,7 +244,7 @@ fn uverbs_of(function: &Path) -> Result<String, String> {
         .map_err(|err| format!("infiniband_verbs: {err}"))?
         .flatten()
         .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.starts_with("uverbs"))
+        .filter(|name| is_uverbs_name(name))
         .collect();
     names.sort();
     match names.as_slice() {
@@ -175,6 +258,12 @@ fn uverbs_of(function: &Path) -> Result<String, String> {
     }
 }
 
+/// `uverbs` and a decimal number, nothing else: the name becomes a path below the dev root.
+fn is_uverbs_name(name: &str) -> bool {
+    name.strip_prefix("uverbs")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
 fn parse_numa(text: &str) -> Result<Option<u32>, String> {
     let node: i64 = text
         .parse()
@@ -184,39 +273,59 @@ fn parse_numa(text: &str) -> Result<Option<u32>, String> {
 
 /// The PCI function's path below `<sysfs>/devices`, resolved from the two links the kernel made
 /// (`class/infiniband/<ibdev>` and its `device`) without touching the disk again: sysfs links
-/// are relative and stay inside sysfs, so `..` can be folded lexically. Scans run often, and a
-/// full `canonicalize` costs a syscall per path component.
-fn pci_path(devices_dir: &Path, class_entry: &Path, function_link: &Path) -> String {
+/// are relative, so `..` can be folded lexically. Scans run often, and a full `canonicalize`
+/// costs a syscall per path component. A link that leads outside `<sysfs>/devices` is refused:
+/// the kernel never makes one, and following it would read files sysfs does not own.
+fn pci_path(
+    devices_dir: &Path,
+    class_entry: &Path,
+    function_link: &Path,
+) -> Result<String, String> {
     let ibdev_real = match fs::read_link(class_entry) {
         Ok(target) => fold(&class_entry.parent().unwrap_or(Path::new("/")).join(target)),
         Err(_) => fold(class_entry),
     };
     let function = fold(&ibdev_real.join(function_link));
-    let devices = fold(devices_dir);
-    let below = function.strip_prefix(&devices).unwrap_or(&function);
-    below.to_string_lossy().trim_start_matches('/').to_owned()
+    match function.strip_prefix(devices_dir) {
+        Ok(below) if below.components().next().is_some() => {
+            Ok(below.to_string_lossy().into_owned())
+        }
+        _ => Err(format!(
+            "device link leads to {}, outside {}",
+            function.display(),
+            devices_dir.display()
+        )),
+    }
 }
 
-/// Removes `.` and folds `..` components without following links.
+/// Removes `.` and folds `..` components without following links; a relative path keeps the
+/// `..` it starts with (`../sys` stays `../sys`).
 fn fold(path: &Path) -> PathBuf {
     use std::path::Component;
     let mut out = PathBuf::new();
     for part in path.components() {
         match part {
             Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop();
-            }
+            Component::ParentDir => match out.components().next_back() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                Some(Component::RootDir | Component::Prefix(_)) => {}
+                _ => out.push(".."),
+            },
             other => out.push(other),
         }
     }
     out
 }
 
-fn read_trimmed(path: &Path) -> Result<String, String> {
-    fs::read_to_string(path)
+fn attribute(path: &Path) -> io::Result<String> {
+    crate::fsread::read_text(path, crate::fsread::ATTRIBUTE_LIMIT)
         .map(|text| text.trim().to_owned())
-        .map_err(|err| format!("{}: {err}", path.display()))
+}
+
+fn read_trimmed(path: &Path) -> Result<String, String> {
+    attribute(path).map_err(|err| format!("{}: {err}", path.display()))
 }
 
 #[cfg(test)]
@@ -315,6 +424,128 @@ mod tests {
         assert!(reasons[0].contains("rdmap144s27") && reasons[0].contains("numa_node"));
         assert!(reasons[1].contains("rdmap16s27") && reasons[1].contains("major:minor"));
         assert!(reasons[2].contains("rdmap32s27") && reasons[2].contains("infiniband_verbs"));
+    }
+
+    #[test]
+    fn only_exact_uverbs_names_count() {
+        let (_dir, node, _) = scan_shape(Shape::G5);
+        let verbs = node
+            .sysfs
+            .join("class/infiniband/rdmap0s28/device/infiniband_verbs");
+        for decoy in ["uverbs", "uverbs0\n", "uverbs1x", "uverbs-2", "uverbs../x"] {
+            std::fs::create_dir(verbs.join(decoy.replace('/', "_"))).unwrap();
+        }
+        let found = scan(&node.sysfs);
+        assert!(found.problems.is_empty(), "{:?}", found.problems);
+        assert_eq!(found.devices[0].uverbs, "uverbs0");
+    }
+
+    #[test]
+    fn a_device_link_leading_outside_sysfs_is_refused() {
+        let (dir, node, _) = scan_shape(Shape::G5);
+        let outside = dir.path().join("elsewhere/0000:00:1c.0");
+        std::fs::create_dir_all(outside.join("infiniband_verbs/uverbs0")).unwrap();
+        std::fs::write(outside.join("infiniband_verbs/uverbs0/dev"), "231:192\n").unwrap();
+        let link = node.sysfs.join("class/infiniband/rdmap0s28/device");
+        std::fs::remove_file(&link).unwrap();
+        // The driver link must still say efa for the entry to be looked at.
+        std::os::unix::fs::symlink(
+            node.sysfs.join("bus/pci/drivers/efa"),
+            outside.join("driver"),
+        )
+        .unwrap();
+        // From <root>/sys/devices/pci0000:00/0000:00:1c.0/infiniband/rdmap0s28 up to <root>.
+        std::os::unix::fs::symlink("../../../../../../elsewhere/0000:00:1c.0", &link).unwrap();
+        let found = scan(&node.sysfs);
+        assert!(found.devices.is_empty(), "{:?}", found.devices);
+        assert!(
+            found.problems[0].reason.contains("outside"),
+            "{:?}",
+            found.problems
+        );
+    }
+
+    #[test]
+    fn attributes_that_are_not_small_regular_files_are_problems_not_hangs() {
+        let (_dir, node, _) = scan_shape(Shape::P4d);
+        let device = |ibdev: &str| {
+            node.sysfs
+                .join("class/infiniband")
+                .join(ibdev)
+                .join("device")
+        };
+        let fifo = device("rdmap16s27").join("infiniband_verbs/uverbs0/dev");
+        std::fs::remove_file(&fifo).unwrap();
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR).unwrap();
+        let huge = device("rdmap32s27").join("infiniband_verbs/uverbs1/dev");
+        std::fs::File::create(&huge)
+            .unwrap()
+            .set_len(100 << 20)
+            .unwrap();
+        let found = scan(&node.sysfs);
+        assert_eq!(found.devices.len(), 2);
+        let reasons: Vec<String> = found.problems.iter().map(ToString::to_string).collect();
+        assert!(
+            reasons[0].contains("rdmap16s27") && reasons[0].contains("FIFO"),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons[1].contains("rdmap32s27") && reasons[1].contains("larger than"),
+            "{reasons:?}"
+        );
+    }
+
+    #[test]
+    fn an_unreadable_numa_node_is_reported_and_the_device_kept() {
+        let (_dir, node, _) = scan_shape(Shape::P4d);
+        let numa = node
+            .sysfs
+            .join("class/infiniband/rdmap16s27/device/numa_node");
+        std::fs::remove_file(&numa).unwrap();
+        std::fs::create_dir(&numa).unwrap();
+        let found = scan(&node.sysfs);
+        assert_eq!(found.devices.len(), 4);
+        assert!(found.problems.is_empty());
+        assert_eq!(found.devices[0].numa_node, None);
+        let [unreadable] = found.numa_unreadable.as_slice() else {
+            panic!("{:?}", found.numa_unreadable);
+        };
+        assert_eq!(unreadable.entry, "rdmap16s27");
+        assert!(unreadable.reason.contains("a directory"), "{unreadable}");
+    }
+
+    #[test]
+    fn a_failed_listing_is_not_an_empty_node() {
+        let (_dir, node, _) = scan_shape(Shape::NoClassDir);
+        assert_eq!(scan(&node.sysfs), Scan::default(), "absent: no EFA");
+        std::fs::write(node.sysfs.join("class"), "").unwrap();
+        let found = scan(&node.sysfs);
+        let failed = found.failed.expect("a listing error");
+        assert_eq!(failed.code, "ENOTDIR");
+        assert!(failed.message.contains("class/infiniband"), "{failed:?}");
+    }
+
+    #[test]
+    fn an_entry_still_being_read_is_skipped() {
+        let (_dir, node, _) = scan_shape(Shape::P4d);
+        let reads = Reads::default();
+        assert!(reads.begin("rdmap32s27"));
+        let found = scan_guarded(&node.sysfs, &reads);
+        assert_eq!(found.devices.len(), 3);
+        assert_eq!(found.problems[0].entry, "rdmap32s27");
+        assert_eq!(found.problems[0].reason, STILL_READING);
+        assert_eq!(
+            reads.in_flight().len(),
+            1,
+            "only the stuck entry stays listed"
+        );
+    }
+
+    #[test]
+    fn folding_keeps_what_a_relative_path_climbs_above() {
+        assert_eq!(fold(Path::new("/a/b/../c/./d")), Path::new("/a/c/d"));
+        assert_eq!(fold(Path::new("/../a")), Path::new("/a"));
+        assert_eq!(fold(Path::new("../../x/sys/../y")), Path::new("../../x/y"));
     }
 
     #[test]

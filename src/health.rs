@@ -5,34 +5,42 @@
 //! with the major:minor sysfs gives. Health is recomputed from scratch on every pass, so a device
 //! that recovers turns Healthy again; nothing is unhealthy forever.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::discovery::{self, DevNum, Efa};
+use crate::discovery::{self, DevNum, Efa, ListingError, Problem, Reads};
+use crate::fsread;
 use crate::fswatch::DirWatch;
-use crate::state::{Change, DeviceRecord, DeviceState, Verdict};
+use crate::state::{Change, DeviceRecord, DeviceState, Observation, Verdict};
 
 /// Where a device's node lives on the host: `<dev-root>/infiniband/<uverbs>`.
 pub fn node_path(dev_root: &Path, uverbs: &str) -> PathBuf {
     dev_root.join("infiniband").join(uverbs)
 }
 
-/// Judges one device that the scan found (so it is in sysfs and bound to `efa`).
-pub fn assess(efa: &Efa, dev_root: &Path) -> Verdict {
+/// Judges one device that the scan found (so it is in sysfs and bound to `efa`): only a
+/// character device with sysfs' `major:minor` is Healthy. The node becomes a `host_path` the
+/// runtime hands to containers, and a directory there would give them every node below it.
+/// `regular_files` also accepts an empty regular file, for a simulated node made without
+/// `CAP_MKNOD`; it is a test-only switch.
+pub fn assess(efa: &Efa, dev_root: &Path, regular_files: bool) -> Verdict {
     let path = node_path(dev_root, &efa.uverbs);
-    let meta = match std::fs::metadata(&path) {
+    let meta = match std::fs::symlink_metadata(&path) {
         Ok(meta) => meta,
         Err(err) if err.kind() == io::ErrorKind::NotFound => {
             return Verdict::unhealthy(format!("{} is missing", path.display()));
         }
         Err(err) => return Verdict::unhealthy(format!("{}: {err}", path.display())),
     };
-    if meta.file_type().is_char_device() {
+    let kind = meta.file_type();
+    if kind.is_char_device() {
         let rdev = meta.rdev();
         let found = DevNum {
             major: nix::sys::stat::major(rdev) as u32,
@@ -45,22 +53,143 @@ pub fn assess(efa: &Efa, dev_root: &Path) -> Verdict {
                 efa.dev
             ));
         }
+        return Verdict::healthy();
     }
-    Verdict::healthy()
+    if kind.is_file() && regular_files {
+        return Verdict::healthy();
+    }
+    Verdict::unhealthy(format!(
+        "{} is {}, not a character device",
+        path.display(),
+        fsread::describe(kind)
+    ))
+}
+
+/// One pass over sysfs and the dev root.
+#[derive(Debug, Default)]
+pub struct Observed {
+    pub records: Vec<DeviceRecord>,
+    pub problems: Vec<Problem>,
+    pub numa_unreadable: Vec<Problem>,
+    pub failed: Option<ListingError>,
 }
 
 /// One full observation: scan sysfs, judge each device.
-pub fn observe(sysfs_root: &Path, dev_root: &Path) -> (Vec<DeviceRecord>, Vec<discovery::Problem>) {
-    let scan = discovery::scan(sysfs_root);
+pub fn observe(sysfs_root: &Path, dev_root: &Path, regular_files: bool) -> Observed {
+    observe_guarded(sysfs_root, dev_root, regular_files, &Reads::default())
+}
+
+/// How a pass observes the node; a parameter only so a test can stand in for a hung driver.
+type Observer = fn(&Path, &Path, bool, &Reads) -> Observed;
+
+fn observe_guarded(
+    sysfs_root: &Path,
+    dev_root: &Path,
+    regular_files: bool,
+    reads: &Reads,
+) -> Observed {
+    let scan = discovery::scan_guarded(sysfs_root, reads);
     let records = scan
         .devices
         .into_iter()
         .map(|efa| {
-            let verdict = assess(&efa, dev_root);
+            let verdict = assess(&efa, dev_root, regular_files);
             DeviceRecord { efa, verdict }
         })
         .collect();
-    (records, scan.problems)
+    Observed {
+        records,
+        problems: scan.problems,
+        numa_unreadable: scan.numa_unreadable,
+        failed: scan.failed,
+    }
+}
+
+/// A pass that has not finished by then is abandoned: the entry it is stuck on turns Unhealthy
+/// and the rest keep their verdicts. A scan of 256 EFAs takes milliseconds.
+pub const PASS_DEADLINE: Duration = Duration::from_secs(2);
+/// This many failed passes in a row make `/healthz` fail, so the kubelet restarts the plugin.
+pub const FAILED_PASSES: u32 = 3;
+
+/// How the monitor's passes went, for `/healthz` and the metrics.
+#[derive(Debug)]
+pub struct ScanStats {
+    interval: Duration,
+    inner: Mutex<StatsInner>,
+}
+
+#[derive(Debug)]
+struct StatsInner {
+    /// Scan errors by reason: an errno name for a failed listing, `deadline`, `numa_node`, `entry`.
+    errors: BTreeMap<String, u64>,
+    failed_in_a_row: u32,
+    last_failure: String,
+    last_pass: Instant,
+}
+
+impl ScanStats {
+    pub fn new(interval: Duration) -> Self {
+        ScanStats {
+            interval,
+            inner: Mutex::new(StatsInner {
+                errors: BTreeMap::new(),
+                failed_in_a_row: 0,
+                last_failure: String::new(),
+                last_pass: Instant::now(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, StatsInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn count(&self, reason: &str, times: usize) {
+        if times > 0 {
+            *self.lock().errors.entry(reason.to_owned()).or_default() += times as u64;
+        }
+    }
+
+    /// Records the end of a pass; returns whether it ended a run of failed ones.
+    fn finished(&self, failure: Option<String>) -> bool {
+        let mut inner = self.lock();
+        inner.last_pass = Instant::now();
+        let recovered = failure.is_none() && inner.failed_in_a_row > 0;
+        match failure {
+            Some(why) => {
+                inner.failed_in_a_row += 1;
+                inner.last_failure = why;
+            }
+            None => inner.failed_in_a_row = 0,
+        }
+        recovered
+    }
+
+    /// Scan errors so far, by reason.
+    pub fn errors(&self) -> BTreeMap<String, u64> {
+        self.lock().errors.clone()
+    }
+
+    /// Why the monitor is not doing its job, if it is not: its scans keep failing, or no pass
+    /// has finished in several intervals.
+    pub fn liveness(&self) -> Result<(), String> {
+        let inner = self.lock();
+        if inner.failed_in_a_row >= FAILED_PASSES {
+            return Err(format!(
+                "the last {} sysfs scans failed: {}",
+                inner.failed_in_a_row, inner.last_failure
+            ));
+        }
+        let since = inner.last_pass.elapsed();
+        if since > self.interval * FAILED_PASSES + PASS_DEADLINE {
+            return Err(format!(
+                "no sysfs scan has finished for {}s (rescan interval {})",
+                since.as_secs(),
+                humantime::format_duration(self.interval)
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Keeps [`DeviceState`] current: rescans every `interval`, and at once when an entry of
@@ -69,8 +198,14 @@ pub struct Monitor {
     sysfs_root: PathBuf,
     dev_root: PathBuf,
     interval: Duration,
+    regular_files: bool,
     state: DeviceState,
-    /// Scan problems already logged, so each is logged once while it lasts.
+    stats: Arc<ScanStats>,
+    reads: Arc<Reads>,
+    observer: Observer,
+    /// A pass abandoned at its deadline and still running.
+    abandoned: Option<JoinHandle<Observed>>,
+    /// Problems already logged, so each is logged once while it lasts.
     known_problems: BTreeSet<String>,
 }
 
@@ -88,26 +223,162 @@ impl Monitor {
             sysfs_root,
             dev_root,
             interval,
+            regular_files: false,
             state,
+            stats: Arc::new(ScanStats::new(interval)),
+            reads: Arc::default(),
+            observer: observe_guarded,
+            abandoned: None,
             known_problems: BTreeSet::new(),
         }
     }
 
+    /// Judges regular files at the node paths Healthy (test-only: simulated nodes).
+    pub fn with_regular_files(mut self, regular_files: bool) -> Self {
+        self.regular_files = regular_files;
+        self
+    }
+
+    pub fn stats(&self) -> Arc<ScanStats> {
+        self.stats.clone()
+    }
+
     /// Runs one observation, publishes it and logs what changed.
     pub async fn refresh(&mut self) {
-        let (sysfs_root, dev_root) = (self.sysfs_root.clone(), self.dev_root.clone());
-        let observed = tokio::task::spawn_blocking(move || observe(&sysfs_root, &dev_root)).await;
-        let Ok((records, problems)) = observed else {
-            return;
+        let failure = match self.pass().await {
+            Ok(observed) => self.publish(observed),
+            Err(stuck) => {
+                let why = format!(
+                    "a pass did not finish within {}s, stuck reading {}",
+                    PASS_DEADLINE.as_secs(),
+                    if stuck.is_empty() {
+                        "a directory or a device node, not an EFA entry".to_owned()
+                    } else {
+                        stuck.iter().cloned().collect::<Vec<_>>().join(", ")
+                    }
+                );
+                self.stats.count("deadline", 1);
+                let unreadable = stuck
+                    .into_iter()
+                    .map(|ibdev| {
+                        (
+                            ibdev,
+                            format!(
+                                "reading its sysfs attributes took longer than {}s",
+                                PASS_DEADLINE.as_secs()
+                            ),
+                        )
+                    })
+                    .collect();
+                self.apply(Observation {
+                    records: Vec::new(),
+                    unreadable,
+                    complete: false,
+                });
+                self.log_once(
+                    &why,
+                    || tracing::error!(error = %why, "sysfs scan abandoned"),
+                );
+                Some(why)
+            }
         };
-        let current: BTreeSet<String> = problems.iter().map(ToString::to_string).collect();
-        for problem in current.difference(&self.known_problems) {
-            tracing::warn!(problem = %problem, "skipping an EFA entry sysfs does not describe fully");
+        if self.stats.finished(failure) {
+            tracing::info!("sysfs scans work again");
+        }
+    }
+
+    /// Runs a pass on the blocking pool with a deadline; on timeout, the entries it is stuck on.
+    async fn pass(&mut self) -> Result<Observed, BTreeSet<String>> {
+        if let Some(earlier) = &self.abandoned {
+            if !earlier.is_finished() && self.reads.in_flight().is_empty() {
+                // Stuck outside the entries (a listing, a node's stat): another thread would
+                // only stick there too.
+                return Err(BTreeSet::new());
+            }
+            self.abandoned = None;
+        }
+        let (sysfs_root, dev_root, regular_files, reads, observe) = (
+            self.sysfs_root.clone(),
+            self.dev_root.clone(),
+            self.regular_files,
+            self.reads.clone(),
+            self.observer,
+        );
+        let mut pass = tokio::task::spawn_blocking(move || {
+            observe(&sysfs_root, &dev_root, regular_files, &reads)
+        });
+        match tokio::time::timeout(PASS_DEADLINE, &mut pass).await {
+            Ok(Ok(observed)) => Ok(observed),
+            Ok(Err(panicked)) => Ok(Observed {
+                failed: Some(ListingError {
+                    code: "panic".into(),
+                    message: panicked.to_string(),
+                }),
+                ..Observed::default()
+            }),
+            Err(_) => {
+                self.abandoned = Some(pass);
+                Err(self.reads.in_flight())
+            }
+        }
+    }
+
+    /// Publishes a finished pass; returns why it failed, if it did.
+    fn publish(&mut self, observed: Observed) -> Option<String> {
+        let Observed {
+            records,
+            problems,
+            numa_unreadable,
+            failed,
+        } = observed;
+        if let Some(failed) = failed {
+            // The last known state stays: a failed listing says nothing about the devices.
+            self.stats.count(&failed.code, 1);
+            let message = failed.message;
+            self.log_once(&message, || {
+                tracing::error!(error = %message, "cannot list the RDMA devices; keeping the last known state and retrying")
+            });
+            return Some(message);
+        }
+        self.stats.count("entry", problems.len());
+        self.stats.count("numa_node", numa_unreadable.len());
+        let mut current = BTreeSet::new();
+        for problem in &problems {
+            let line = problem.to_string();
+            if !self.known_problems.contains(&line) {
+                tracing::warn!(problem = %line, "skipping an EFA entry sysfs does not describe fully");
+            }
+            current.insert(line);
+        }
+        for problem in &numa_unreadable {
+            let line = problem.to_string();
+            if !self.known_problems.contains(&line) {
+                tracing::warn!(problem = %line, "cannot read an EFA's NUMA node; advertising it without topology");
+            }
+            current.insert(line);
         }
         self.known_problems = current;
-        for change in &self.state.apply(records) {
+        let unreadable = problems.into_iter().map(|p| (p.entry, p.reason)).collect();
+        self.apply(Observation {
+            records,
+            unreadable,
+            complete: true,
+        });
+        None
+    }
+
+    fn apply(&self, observation: Observation) {
+        for change in &self.state.apply_observation(observation) {
             log_change(change);
         }
+    }
+
+    /// Logs a failure when it first appears; it is forgotten once the next pass succeeds.
+    fn log_once(&mut self, failure: &str, log: impl FnOnce()) {
+        if self.known_problems.len() != 1 || !self.known_problems.contains(failure) {
+            log();
+        }
+        self.known_problems = BTreeSet::from([failure.to_owned()]);
     }
 
     pub async fn run(mut self, shutdown: CancellationToken) {
@@ -168,5 +439,129 @@ fn log_change(change: &Change) {
             reason = after.verdict.reason.as_deref().unwrap_or(""),
             "device unhealthy"
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate;
+
+    /// A p4d whose `HUNG` entry never returns from a read until a writer opens the FIFO
+    /// `<sysfs>/hang`; the other devices read fine.
+    const HUNG: &str = "rdmap32s27";
+
+    fn hung_driver(sysfs: &Path, _: &Path, _: bool, reads: &Reads) -> Observed {
+        let records = simulate::inventory(simulate::Shape::P4d)
+            .devices()
+            .filter(|d| d.efa.ibdev != HUNG)
+            .cloned()
+            .collect();
+        if reads.begin(HUNG) {
+            // A FIFO opened without O_NONBLOCK blocks until a writer comes, as a hung read would.
+            let _ = std::fs::read(sysfs.join("hang"));
+            reads.end(HUNG);
+        }
+        Observed {
+            records,
+            problems: vec![Problem {
+                entry: HUNG.into(),
+                reason: discovery::STILL_READING.into(),
+            }],
+            ..Observed::default()
+        }
+    }
+
+    /// Lets a read blocked on the FIFO return, even when the test fails, so the runtime's
+    /// shutdown does not wait on it forever.
+    struct Release(PathBuf);
+
+    impl Drop for Release {
+        fn drop(&mut self) {
+            use std::os::unix::fs::OpenOptionsExt;
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(nix::fcntl::OFlag::O_NONBLOCK.bits())
+                .open(&self.0);
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pass_stuck_in_a_read_costs_only_that_device_and_only_one_thread() {
+        let sysfs = tempfile::tempdir().unwrap();
+        let hang = sysfs.path().join("hang");
+        nix::unistd::mkfifo(&hang, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        let _release = Release(hang);
+        let state = DeviceState::default();
+        state.apply(
+            simulate::inventory(simulate::Shape::P4d)
+                .devices()
+                .cloned()
+                .collect(),
+        );
+        let mut monitor = Monitor::new(
+            sysfs.path().to_owned(),
+            sysfs.path().to_owned(),
+            Duration::from_secs(5),
+            state.clone(),
+        );
+        monitor.observer = hung_driver;
+
+        monitor.refresh().await;
+        let health = |state: &DeviceState| -> Vec<(String, bool)> {
+            state
+                .current()
+                .devices()
+                .map(|d| (d.efa.ibdev.clone(), d.is_healthy()))
+                .collect()
+        };
+        let stuck = |state: &DeviceState| {
+            let inventory = state.current();
+            let record = inventory.devices().find(|d| d.efa.ibdev == HUNG).unwrap();
+            record.verdict.reason.clone().unwrap_or_default()
+        };
+        assert_eq!(health(&state).iter().filter(|(_, ok)| *ok).count(), 3);
+        assert!(
+            stuck(&state).contains("took longer than 2s"),
+            "{}",
+            stuck(&state)
+        );
+        assert_eq!(monitor.stats.errors().get("deadline"), Some(&1));
+
+        // The next pass does not wait on the stuck entry again: it reports it at once.
+        let started = Instant::now();
+        monitor.refresh().await;
+        assert!(started.elapsed() < PASS_DEADLINE);
+        assert_eq!(stuck(&state), discovery::STILL_READING);
+        assert_eq!(health(&state).iter().filter(|(_, ok)| *ok).count(), 3);
+    }
+
+    #[test]
+    fn liveness_fails_after_repeated_failures_or_a_stalled_monitor() {
+        let stats = ScanStats::new(Duration::from_secs(5));
+        assert_eq!(stats.liveness(), Ok(()));
+        for _ in 0..FAILED_PASSES - 1 {
+            assert!(!stats.finished(Some("EIO listing class/infiniband".into())));
+        }
+        assert_eq!(
+            stats.liveness(),
+            Ok(()),
+            "a failure or two is retried quietly"
+        );
+        stats.finished(Some("EIO listing class/infiniband".into()));
+        let reason = stats.liveness().unwrap_err();
+        assert!(
+            reason.contains("last 3 sysfs scans failed") && reason.contains("EIO"),
+            "{reason}"
+        );
+        assert!(stats.finished(None), "the first good pass ends the run");
+        assert_eq!(stats.liveness(), Ok(()));
+
+        stats.lock().last_pass = Instant::now() - Duration::from_secs(18);
+        let reason = stats.liveness().unwrap_err();
+        assert!(
+            reason.contains("no sysfs scan has finished for 18s"),
+            "{reason}"
+        );
     }
 }

@@ -9,6 +9,7 @@ pub mod config;
 pub mod conflict;
 pub mod demo;
 pub mod discovery;
+pub mod fsread;
 pub mod fswatch;
 pub mod health;
 pub mod hostfile;

@@ -42,10 +42,21 @@ fn cdi_cell(names: &[String]) -> String {
 }
 
 pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> anyhow::Result<()> {
-    let (records, problems) = health::observe(&settings.sysfs_root, &settings.dev_root);
-    for problem in &problems {
+    let observed = health::observe(
+        &settings.sysfs_root,
+        &settings.dev_root,
+        settings.test_only_regular_file_nodes,
+    );
+    if let Some(failed) = observed.failed {
+        anyhow::bail!("{}", failed.message);
+    }
+    for problem in &observed.problems {
         eprintln!("warning: skipped {problem}");
     }
+    for problem in &observed.numa_unreadable {
+        eprintln!("warning: no NUMA node for {problem}");
+    }
+    let records = observed.records;
     let kind = Kind::of(&settings.resource_name).ok();
     match format {
         OutputFormat::Json => {

@@ -68,7 +68,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let (node, _) = FakeNode::build(root.path(), shape, Nodes::Files).unwrap();
         let state = DeviceState::default();
-        state.apply(health::observe(&node.sysfs, &node.dev).0);
+        state.apply(health::observe(&node.sysfs, &node.dev, true).records);
         (*state.current()).clone()
     }
 
@@ -98,6 +98,31 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["efa.count=0"]
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_write_is_retried_without_a_device_change() {
+        const RETRY: Duration = Duration::from_secs(10);
+        let dir = tempfile::tempdir().unwrap();
+        // A file where the dir should be stands in for a full disk: the write fails until the
+        // dir replaces it.
+        let features = dir.path().join("features.d");
+        std::fs::write(&features, "").unwrap();
+        let path = features.join("efa");
+        let state = DeviceState::default();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(run(path.clone(), RETRY, state.clone(), shutdown.clone()));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!path.exists());
+        std::fs::remove_file(&features).unwrap();
+        std::fs::create_dir(&features).unwrap();
+        tokio::time::sleep(RETRY).await;
+        assert!(
+            std::fs::read_to_string(&path).is_ok_and(|t| t.contains("efa.count=0")),
+            "not written again"
+        );
+        shutdown.cancel();
+        task.await.unwrap();
     }
 
     #[tokio::test]

@@ -129,10 +129,22 @@ impl Inventory {
         }
     }
 
+    /// Folds in one complete observation of every device.
+    pub fn observe(&self, observed: Vec<DeviceRecord>) -> (Inventory, Vec<Change>) {
+        self.fold(Observation::complete(observed))
+    }
+
     /// Folds one observation in. Observed devices take the observed verdict and attributes; a
     /// known device missing from the observation stays listed as Unhealthy, so the kubelet keeps
-    /// it in capacity and a pod holding it is not silently orphaned.
-    pub fn observe(&self, observed: Vec<DeviceRecord>) -> (Inventory, Vec<Change>) {
+    /// it in capacity and a pod holding it is not silently orphaned: with the reason its entry
+    /// could not be read, if that is why, or as vanished. A pass that did not reach a device
+    /// leaves it as it was.
+    pub fn fold(&self, observation: Observation) -> (Inventory, Vec<Change>) {
+        let Observation {
+            records: observed,
+            unreadable,
+            complete,
+        } = observation;
         let mut next = BTreeMap::new();
         let mut changes = Vec::new();
         for record in observed {
@@ -152,11 +164,16 @@ impl Inventory {
             if next.contains_key(id) {
                 continue;
             }
+            let verdict = match unreadable.get(&old.efa.ibdev) {
+                Some(reason) => Verdict::unhealthy(reason.clone()),
+                None if !complete => old.verdict.clone(),
+                None => Verdict::unhealthy(VANISHED),
+            };
             let gone = DeviceRecord {
                 efa: old.efa.clone(),
-                verdict: Verdict::unhealthy(VANISHED),
+                verdict,
             };
-            if old.is_healthy() {
+            if old.verdict.health != gone.verdict.health {
                 changes.push(Change::Health {
                     before: old.verdict.clone(),
                     after: gone.clone(),
@@ -165,6 +182,26 @@ impl Inventory {
             next.insert(id.clone(), gone);
         }
         (Inventory::with(next, self.conflict.clone()), changes)
+    }
+}
+
+/// What one pass of the health monitor saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    pub records: Vec<DeviceRecord>,
+    /// ibdev -> why its entry could not be read in this pass.
+    pub unreadable: BTreeMap<String, String>,
+    /// Whether the pass got through every entry; devices it did not reach keep their verdict.
+    pub complete: bool,
+}
+
+impl Observation {
+    pub fn complete(records: Vec<DeviceRecord>) -> Self {
+        Observation {
+            records,
+            unreadable: BTreeMap::new(),
+            complete: true,
+        }
     }
 }
 
@@ -191,11 +228,16 @@ impl DeviceState {
         self.tx.borrow().clone()
     }
 
-    /// Applies an observation; readers are woken only when something actually changed.
+    /// Applies a complete observation; readers are woken only when something actually changed.
     pub fn apply(&self, observed: Vec<DeviceRecord>) -> Vec<Change> {
+        self.apply_observation(Observation::complete(observed))
+    }
+
+    /// Applies an observation, complete or not; readers are woken only on real change.
+    pub fn apply_observation(&self, observation: Observation) -> Vec<Change> {
         let mut changes = Vec::new();
         self.tx.send_if_modified(|current| {
-            let (next, found) = current.observe(observed);
+            let (next, found) = current.fold(observation);
             changes = found;
             if next == **current {
                 return false;
@@ -328,6 +370,40 @@ mod tests {
         ]);
         assert!(matches!(&changes[..], [Change::Health { after, .. }] if after.is_healthy()));
         assert_eq!(state.current().healthy_count(), 2);
+    }
+
+    #[test]
+    fn an_unreadable_device_is_unhealthy_with_its_reason_and_an_unreached_one_keeps_its_verdict() {
+        let state = DeviceState::default();
+        state.apply(vec![
+            record("a", Verdict::healthy()),
+            record("b", Verdict::healthy()),
+            record("c", Verdict::healthy()),
+        ]);
+        let changes = state.apply_observation(Observation {
+            records: vec![record("a", Verdict::healthy())],
+            unreadable: BTreeMap::from([("ib-b".to_owned(), "dev: a FIFO".to_owned())]),
+            complete: false,
+        });
+        assert_eq!(changes.len(), 1);
+        let current = state.current();
+        assert_eq!(
+            current.get("b").unwrap().verdict,
+            Verdict::unhealthy("dev: a FIFO")
+        );
+        assert!(
+            current.get("c").unwrap().is_healthy(),
+            "not reached, not changed"
+        );
+        state.apply_observation(Observation {
+            records: vec![record("a", Verdict::healthy())],
+            unreadable: BTreeMap::new(),
+            complete: true,
+        });
+        assert_eq!(
+            state.current().get("c").unwrap().verdict,
+            Verdict::unhealthy(VANISHED)
+        );
     }
 
     #[test]

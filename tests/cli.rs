@@ -112,6 +112,53 @@ fn unparsable_durations_name_their_source() {
 }
 
 #[test]
+fn rescan_intervals_below_100ms_are_refused() {
+    for interval in ["1ns", "99ms"] {
+        assert_one_line_error(
+            run_binary(&["--rescan-interval", interval, "config"], &[]),
+            &["--rescan-interval", interval, "100ms"],
+        );
+    }
+    let (code, stdout, stderr) = run_binary(&["--rescan-interval", "100ms", "config"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("rescan-interval: 100ms"), "{stdout}");
+}
+
+#[test]
+fn a_config_fifo_fails_at_once_instead_of_hanging() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("config.yaml");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::S_IRUSR).unwrap();
+    let fifo = fifo.display().to_string();
+    // On a FIFO without a writer, a plain read never returns: this would hang, not fail.
+    assert_one_line_error(
+        run_binary(&["--config", &fifo, "config"], &[]),
+        &[&fifo, "not a regular file"],
+    );
+}
+
+#[test]
+fn oversized_or_deeply_nested_config_files_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = write_config(dir.path(), &format!("# {}\n", "x".repeat(2 << 20)));
+    assert_one_line_error(
+        run_binary(&["--config", &huge, "config"], &[]),
+        &[&huge, "larger than"],
+    );
+    // 40,000 levels took the YAML parser seconds; refused before parsing, it takes none.
+    for deep in [
+        format!("a: {}1{}\n", "[".repeat(40_000), "]".repeat(40_000)),
+        format!("{}1\n", "- ".repeat(40_000)),
+    ] {
+        let path = write_config(dir.path(), &deep);
+        assert_one_line_error(
+            run_binary(&["--config", &path, "config"], &[]),
+            &[&path, "nested 40000 levels deep"],
+        );
+    }
+}
+
+#[test]
 fn invalid_resource_names_are_refused_like_the_kubelet_does() {
     for name in [
         "efa",

@@ -210,6 +210,40 @@ async fn counters_carry_the_pod_that_holds_the_device() {
     assert!(!text.contains("pod=\""));
 }
 
+#[tokio::test]
+async fn pod_labels_on_counters_can_be_turned_off() {
+    let mut h = Harness::new(Shape::P4d);
+    let efa = h.efas()[0].clone();
+    let socket: PathBuf = h.root.path().join("pod-resources/kubelet.sock");
+    let _kubelet = PodResourcesStub::start(
+        &socket,
+        vec![pod(
+            "ml",
+            "trainer-0",
+            "main",
+            "vpc.amazonaws.com/efa",
+            &[&efa.bdf],
+        )],
+    )
+    .unwrap();
+    h.spawn_plugin(&[
+        "--pod-resources-socket",
+        &socket.display().to_string(),
+        "--counter-pod-labels=false",
+    ]);
+    h.registered().await;
+    // The same stand-in labels the first scrape when the labels are on.
+    for _ in 0..3 {
+        let text = h
+            .scrape_until("the counters", |t| {
+                sample(t, &hw("rx_bytes", &efa)).is_some()
+            })
+            .await;
+        assert!(!text.contains("namespace=\""), "{text}");
+        assert!(!text.contains("pod=\""), "{text}");
+    }
+}
+
 /// The JSON log lines whose message is `message`.
 fn logged(h: &Harness, message: &str) -> Vec<serde_json::Value> {
     h.plugin_log()

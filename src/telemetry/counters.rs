@@ -20,7 +20,6 @@ use std::sync::Mutex;
 
 use nix::dir::Dir;
 use nix::fcntl::{OFlag, openat};
-use nix::sys::resource::{Resource, getrlimit};
 use nix::sys::stat::Mode;
 
 /// The counter directories of one RDMA device, relative to `<sysfs>/class/infiniband/<ibdev>`.
@@ -58,7 +57,7 @@ struct OpenDevice {
 
 impl CounterFiles {
     pub fn new(sysfs_root: &Path) -> Self {
-        Self::with_budget(sysfs_root, fd_budget())
+        Self::with_budget(sysfs_root, super::fds::counter_budget())
     }
 
     pub fn with_budget(sysfs_root: &Path, budget: usize) -> Self {
@@ -152,27 +151,23 @@ fn open_dir(dir: &Path) -> Vec<(String, File)> {
     names
         .into_iter()
         .filter_map(|name| {
+            // Non-blocking, so a FIFO cannot hold the open; only regular files are kept.
             let fd = openat(
                 &handle,
                 name.as_str(),
-                OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+                OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK | OFlag::O_NOCTTY,
                 Mode::empty(),
             )
             .ok()?;
-            Some((name, File::from(fd)))
+            let file = File::from(fd);
+            crate::fsread::check_regular(&file).ok()?;
+            Some((name, file))
         })
         .collect()
 }
 
 fn identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
-}
-
-/// Half the soft limit on open files: the counters never starve the gRPC and HTTP servers of
-/// descriptors, whatever the node's size.
-fn fd_budget() -> usize {
-    let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft);
-    usize::try_from(soft / 2).unwrap_or(usize::MAX)
 }
 
 /// Whether `efa_<name>_total` is a valid Prometheus metric name.

@@ -15,22 +15,38 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::{self, Metrics};
+use crate::health::ScanStats;
 use crate::lifecycle::PluginStatus;
 
-/// A client that has not sent its request head by then is dropped, so idle or stuck scrapers
-/// cannot pile up connections.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// At most this many connections are served at once; one more is closed as soon as it is
+/// accepted. Prometheus and the kubelet's two probes need a handful, and 64 of hyper's
+/// connections cost well under a MiB, so a flood of idle connections from any pod cannot take
+/// the descriptors or the memory the devices depend on.
+pub const MAX_CONNECTIONS: usize = 64;
+
+/// A client that has not sent a whole request head this long after connecting, or after its
+/// last answer on a kept-alive connection, is dropped: idle or stuck clients cannot hold a
+/// connection slot for long.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Every connection ends by then, whatever it is doing: a request is answered in milliseconds,
+/// and a client trickling its request or reading its answer slowly gives the slot back.
+const CONNECTION_DEADLINE: Duration = Duration::from_secs(10);
+
+/// hyper's smallest read buffer: request heads of the three paths fit many times over.
+const READ_BUFFER: usize = 8192;
 
 pub struct Endpoint {
     pub metrics: Metrics,
     pub status: watch::Receiver<PluginStatus>,
     /// Cancelled once the plugin's serving loop has ended.
     pub stopped: CancellationToken,
+    pub scans: Arc<ScanStats>,
 }
 
 /// Why the plugin is not ready, if it is not: the kubelet must hold a registration and an open
@@ -55,7 +71,10 @@ impl Endpoint {
             "/healthz" if self.stopped.is_cancelled() => {
                 plain(StatusCode::SERVICE_UNAVAILABLE, "the plugin is stopping")
             }
-            "/healthz" => plain(StatusCode::OK, "ok"),
+            "/healthz" => match self.scans.liveness() {
+                Ok(()) => plain(StatusCode::OK, "ok"),
+                Err(reason) => plain(StatusCode::SERVICE_UNAVAILABLE, &reason),
+            },
             "/readyz" => match readiness(&self.status.borrow()) {
                 Ok(()) => plain(StatusCode::OK, "ok"),
                 Err(reason) => plain(StatusCode::SERVICE_UNAVAILABLE, reason),
@@ -84,6 +103,7 @@ fn reply(status: StatusCode, content_type: &'static str, body: String) -> Respon
 /// Serves until `shutdown`; open connections are dropped then.
 pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>, shutdown: CancellationToken) {
     let mut connections = JoinSet::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -98,17 +118,23 @@ pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>, shutdown: Can
                         continue;
                     }
                 };
+                // Over the cap the stream is dropped here, closing it at once.
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    continue;
+                };
                 let endpoint = endpoint.clone();
                 connections.spawn(async move {
                     let service = service_fn(move |request: Request<Incoming>| {
                         let endpoint = endpoint.clone();
                         async move { Ok::<_, Infallible>(endpoint.respond(&request).await) }
                     });
-                    let _ = http1::Builder::new()
+                    let connection = http1::Builder::new()
                         .timer(TokioTimer::new())
                         .header_read_timeout(HEADER_TIMEOUT)
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                        .max_buf_size(READ_BUFFER)
+                        .serve_connection(TokioIo::new(stream), service);
+                    let _ = tokio::time::timeout(CONNECTION_DEADLINE, connection).await;
+                    drop(slot);
                 });
             }
         }

@@ -22,6 +22,7 @@ use tokio::sync::watch;
 
 use super::counters::{CounterFiles, DeviceCounters};
 use super::pod_resources::{Holders, PodResources};
+use crate::health::ScanStats;
 use crate::lifecycle::PluginStatus;
 use crate::state::DeviceState;
 
@@ -66,7 +67,8 @@ pub struct Metrics {
     registry: Registry,
     state: DeviceState,
     counters: Arc<CounterFiles>,
-    pods: PodResources,
+    /// `None` when counters carry no pod labels: the kubelet is then never asked.
+    pods: Option<PodResources>,
 }
 
 impl Metrics {
@@ -74,8 +76,9 @@ impl Metrics {
         state: DeviceState,
         status: watch::Receiver<PluginStatus>,
         allocations: &AllocationMetrics,
+        scans: Arc<ScanStats>,
         sysfs_root: &Path,
-        pods: PodResources,
+        pods: Option<PodResources>,
     ) -> Self {
         let mut registry = Registry::default();
         registry.register(
@@ -91,6 +94,7 @@ impl Metrics {
         registry.register_collector(Box::new(PluginCollector {
             state: state.clone(),
             status,
+            scans,
         }));
         Metrics {
             registry,
@@ -128,7 +132,11 @@ impl Metrics {
             let _ = prometheus_text::encode(&mut text, &scrape);
             text
         });
-        let _ = holders_tx.send(self.pods.holders().await);
+        let holders = match &self.pods {
+            Some(pods) => pods.holders().await,
+            None => Holders::new(),
+        };
+        let _ = holders_tx.send(holders);
         let hardware = hardware.await.unwrap_or_default();
         let mut text = String::with_capacity(hardware.len() + 4096);
         let _ = prometheus_text::encode(&mut text, &self.registry);
@@ -141,6 +149,7 @@ impl Metrics {
 struct PluginCollector {
     state: DeviceState,
     status: watch::Receiver<PluginStatus>,
+    scans: Arc<ScanStats>,
 }
 
 impl fmt::Debug for PluginCollector {
@@ -184,6 +193,17 @@ impl Collector for PluginCollector {
                 None,
                 MetricType::Counter,
             )?)?;
+        }
+        let mut errors = encoder.encode_descriptor(
+            "efa_device_plugin_scan_errors",
+            "sysfs scan errors, by reason: an errno name when the RDMA class directory cannot be \
+             listed, deadline, entry (an EFA entry unreadable) or numa_node",
+            None,
+            MetricType::Counter,
+        )?;
+        for (reason, count) in self.scans.errors() {
+            ConstCounter::new(count)
+                .encode(errors.encode_family(&[("reason", reason.as_str())])?)?;
         }
         let mut build = encoder.encode_descriptor(
             "efa_device_plugin_build_info",

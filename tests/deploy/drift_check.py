@@ -47,6 +47,8 @@ CONDITIONAL_LOCATIONS = {
 # The plugin hands {dev-root}/infiniband/uverbsN to the kubelet as the host
 # path of an allocated device, so the container must see it at the host's path.
 SAME_PATH_AS_HOST = {"dev-root"}
+# Flags for simulated nodes in tests (e.g. regular files as device nodes).
+TEST_ONLY = "test-only-"
 # A container sees the host's sysfs, read-only, without any mount.
 CONTAINER_OWN = {"/sys"}
 
@@ -120,6 +122,7 @@ def check_rendering(checks, binary, flags, commands, path):
 
     for flag in options:
         checks.expect(flag in flags, f"{name}: --{flag} is a flag of the binary")
+        checks.expect(not flag.startswith(TEST_ONLY), f"{name}: --{flag} is for tests, never for a node")
     checks.expect(command in commands, f"{name}: subcommand {command!r} is one the binary has")
 
     config_path = options.get("config", "")
@@ -140,6 +143,10 @@ def check_rendering(checks, binary, flags, commands, path):
     if result.returncode != 0:
         return
     effective = yaml.safe_load(result.stdout)
+    checks.expect(
+        not any(key.startswith(TEST_ONLY) for key in effective),
+        f"{name}: no test-only setting is on",
+    )
 
     for key, value in rendered.plugin_config(cm).items():
         checks.expect(

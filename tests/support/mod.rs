@@ -67,6 +67,10 @@ impl Harness {
     /// loopback port, and the kubelet's other dirs inside the harness, never the host's.
     pub fn args(&self) -> Vec<String> {
         let kubelet_dir = |name: &str| self.root.path().join(name).display().to_string();
+        let test_only = match self.node.nodes {
+            Nodes::Files => Some("--test-only-regular-file-nodes"),
+            Nodes::CharDevices => None,
+        };
         [
             "--sysfs-root",
             &self.node.sysfs.display().to_string(),
@@ -84,26 +88,34 @@ impl Harness {
             &kubelet_dir("plugins_registry"),
         ]
         .iter()
-        .map(|s| s.to_string())
+        .copied()
+        .chain(test_only)
+        .map(str::to_owned)
         .collect()
     }
 
     /// Starts the plugin binary with the harness flags followed by `extra` (later flags win).
     pub fn spawn_plugin(&mut self, extra: &[&str]) -> u32 {
+        self.spawn_plugin_with(extra, |_| {})
+    }
+
+    /// [`Self::spawn_plugin`], with `adjust` applied to the command first.
+    pub fn spawn_plugin_with(&mut self, extra: &[&str], adjust: impl FnOnce(&mut Command)) -> u32 {
         let log = File::options()
             .create(true)
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let child = Command::new(BINARY)
+        let mut command = Command::new(BINARY);
+        command
             .args(self.args())
             .args(extra)
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log file"))
-            .stderr(log)
-            .spawn()
-            .expect("spawn plugin");
+            .stderr(log);
+        adjust(&mut command);
+        let child = command.spawn().expect("spawn plugin");
         let pid = child.id();
         self.plugin = Some(child);
         pid
