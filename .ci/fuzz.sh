@@ -21,9 +21,11 @@ export RUSTC_BOOTSTRAP=1
 cd "$repo"
 for target in $(cargo fuzz list); do
     echo "fuzz: $target for ${seconds}s"
-    # The seed corpus is kept; what a run adds stays out of the source tree.
+    # What a run adds to the corpus stays out of the source tree; seeds, where any, are read.
     corpus=$(mktemp -d)
-    cargo fuzz run "$target" "$corpus" "fuzz/seeds/$target" -- \
+    seeds=()
+    if [[ -d "fuzz/seeds/$target" ]]; then seeds=("fuzz/seeds/$target"); fi
+    cargo fuzz run "$target" "$corpus" "${seeds[@]}" -- \
         -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
     rm -rf "$corpus"
 done
