@@ -160,6 +160,11 @@ impl Lifecycle {
             retry = FIRST_RETRY;
             let restarted = last_kubelet.is_some_and(|last| Some(last) != kubelet);
             last_kubelet = kubelet;
+            if restarted {
+                // A restarting kubelet ends the stream before it replaces its socket: that
+                // ending was no rejection.
+                churn.settle();
+            }
             self.status.send_modify(|s| {
                 s.registered = true;
                 s.registrations += 1;

@@ -24,9 +24,9 @@ pub async fn dial(path: &Path) -> Result<Channel, tonic::transport::Error> {
     dial_patiently(path, Duration::ZERO).await
 }
 
-/// [`dial`], but a refused connect is retried every [`REFUSED_RETRY`] for up to `patience`: a
-/// server's socket file appears at `bind()`, a moment before it listens, and whoever reacts to
-/// the file's creation connects into that gap.
+/// [`dial`], but a refused connect is retried for up to `patience`, after 1 ms and then at
+/// growing intervals up to [`REFUSED_RETRY`]: a server's socket file appears at `bind()`, a
+/// moment before it listens, and whoever reacts to the file's creation connects into that gap.
 pub async fn dial_patiently(
     path: &Path,
     patience: Duration,
@@ -37,13 +37,15 @@ pub async fn dial_patiently(
             let path = path.clone();
             let deadline = Instant::now() + patience;
             async move {
+                let mut pause = Duration::from_millis(1);
                 loop {
                     match UnixStream::connect(&path).await {
                         Err(err)
                             if err.kind() == io::ErrorKind::ConnectionRefused
                                 && Instant::now() < deadline =>
                         {
-                            tokio::time::sleep(REFUSED_RETRY).await
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(REFUSED_RETRY);
                         }
                         connected => return connected.map(TokioIo::new),
                     }
@@ -53,7 +55,7 @@ pub async fn dial_patiently(
         .await
 }
 
-/// How often [`dial_patiently`] retries a refused connect.
+/// The longest pause between [`dial_patiently`]'s retries of a refused connect.
 pub const REFUSED_RETRY: Duration = Duration::from_millis(10);
 
 /// Binds a listening socket at `path`, replacing a stale socket file left by an earlier run.
