@@ -1,7 +1,8 @@
 //! Scan and health judgement over a tree of arbitrary names, links and contents, laid out on
-//! disk the way sysfs would be. Only dirs, regular files and symlinks: FIFOs and device nodes
-//! would block or reach real hardware, not exercise the parsers. Every link resolves inside
-//! the tree, so nothing outside it is read.
+//! disk the way sysfs would be: a simulated p4d, so the scan gets past its first checks, then
+//! arbitrary entries added, overwritten or removed. Only dirs, regular files and symlinks:
+//! FIFOs and device nodes would block or reach real hardware, not exercise the parsers. Every
+//! link resolves inside the tree, so nothing outside it is read.
 
 #![no_main]
 
@@ -9,6 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use arbitrary::Arbitrary;
+use efa_device_plugin::simulate::{self, Nodes, Shape};
 use libfuzzer_sys::fuzz_target;
 
 /// Names the scan looks for, so the fuzzer reaches past the first `read_dir`.
@@ -46,6 +48,7 @@ enum Kind {
     File(Vec<u8>),
     /// Up this many levels (at most to the tree's root), then down these names.
     Link(u8, Vec<Name>),
+    Remove,
 }
 
 #[derive(Arbitrary, Debug)]
@@ -82,7 +85,14 @@ fn lay_out(root: &Path, entry: &Entry) -> Option<()> {
         }
     }
     let path = dir.join(last);
+    // Whatever is there is replaced: a link is never followed, a dir goes with its contents.
+    if fs::symlink_metadata(&path).is_ok_and(|meta| meta.is_dir()) {
+        fs::remove_dir_all(&path).ok()?;
+    } else {
+        let _ = fs::remove_file(&path);
+    }
     match &entry.kind {
+        Kind::Remove => Some(()),
         Kind::Dir => fs::create_dir(&path).ok(),
         Kind::File(contents) => fs::write(&path, contents).ok(),
         Kind::Link(up, down) => {
@@ -104,6 +114,7 @@ fuzz_target!(|entries: Vec<Entry>| {
         .tempdir_in("/dev/shm")
         .or_else(|_| tempfile::tempdir())
         .expect("temp dir");
+    simulate::FakeNode::build(&root.path(), Shape::P4d, Nodes::Files).expect("simulated node");
     for entry in entries.iter().take(64) {
         lay_out(root.path(), entry);
     }
