@@ -43,6 +43,12 @@ impl Plugin {
         settings: &Settings,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
+        // Before anything a second instance could disturb: the socket, the NFD file.
+        let Some(_lock) =
+            crate::lifecycle::lock_dir(&settings.device_plugin_dir, &shutdown).await?
+        else {
+            return Ok(());
+        };
         let allocations = Arc::new(AllocationMetrics::default());
         let cdi = match settings.device_list_strategy {
             DeviceListStrategy::DeviceSpecs => None,
@@ -79,6 +85,7 @@ impl Plugin {
         };
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
+        crate::service::check_list_fits(&self.state.current(), settings.sharing)?;
         let mut tasks = vec![tokio::spawn(monitor.run(shutdown.clone()))];
         tasks.extend(endpoint);
         tasks.extend(self.start_guard(settings, &shutdown).await);

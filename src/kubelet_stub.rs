@@ -6,10 +6,13 @@
 //! too), opens ListAndWatch from a separate task, treats every message as a full snapshot, never
 //! redials, and marks every device unhealthy when the stream ends. The demo and the tests use it.
 
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::net::UnixListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -55,6 +58,7 @@ struct Shared {
     view: Arc<watch::Sender<KubeletView>>,
     plugin: Arc<Mutex<Option<DevicePluginClient<Channel>>>>,
     stream: Arc<Mutex<Option<CancellationToken>>>,
+    reject_streams: Arc<AtomicBool>,
 }
 
 pub struct KubeletStub {
@@ -79,9 +83,19 @@ impl KubeletStub {
     }
 
     fn listen(&mut self) -> std::io::Result<()> {
+        let socket = self.bind()?;
+        self.serve(uds::listen(socket)?);
+        Ok(())
+    }
+
+    /// Creates `kubelet.sock`, not listening yet.
+    fn bind(&self) -> std::io::Result<OwnedFd> {
         std::fs::create_dir_all(&self.dir)?;
         remove_sockets(&self.dir)?;
-        let listener = uds::bind(&self.dir.join(KUBELET_SOCKET))?;
+        uds::bind_unlistened(&self.dir.join(KUBELET_SOCKET))
+    }
+
+    fn serve(&mut self, listener: UnixListener) {
         let stop = CancellationToken::new();
         let handler = Handler {
             dir: self.dir.clone(),
@@ -89,7 +103,6 @@ impl KubeletStub {
         };
         let task = uds::spawn_server(listener, RegistrationServer::new(handler), stop.clone());
         self.server = Some((stop, task));
-        Ok(())
     }
 
     pub fn view(&self) -> watch::Receiver<KubeletView> {
@@ -128,12 +141,27 @@ impl KubeletStub {
     /// Restarts as the kubelet does: drop connections, delete every socket, serve a new
     /// `kubelet.sock`. The device list is empty until the plugin registers again.
     pub async fn restart(&mut self) -> std::io::Result<()> {
+        self.restart_listening_after(Duration::ZERO).await
+    }
+
+    /// [`Self::restart`] with `gap` between creating `kubelet.sock` and listening on it: the
+    /// kubelet's Go runtime binds and listens in two steps, and a connect in between is refused.
+    pub async fn restart_listening_after(&mut self, gap: Duration) -> std::io::Result<()> {
         self.shutdown().await;
         self.shared.view.send_modify(|v| {
             v.devices.clear();
             v.options = None;
         });
-        self.listen()
+        let socket = self.bind()?;
+        tokio::time::sleep(gap).await;
+        self.serve(uds::listen(socket)?);
+        Ok(())
+    }
+
+    /// While set, every ListAndWatch stream is ended after its first message, as the kubelet
+    /// does with a device list over its message size limit.
+    pub fn reject_streams(&self, reject: bool) {
+        self.shared.reject_streams.store(reject, Ordering::Relaxed);
     }
 
     async fn shutdown(&mut self) {
@@ -240,7 +268,7 @@ impl Registration for Handler {
         tokio::spawn(consume_stream(
             client,
             stream_stop,
-            self.shared.view.clone(),
+            self.shared.clone(),
             generation,
         ));
         Ok(Response::new(Empty {}))
@@ -250,9 +278,10 @@ impl Registration for Handler {
 async fn consume_stream(
     mut client: DevicePluginClient<Channel>,
     stop: CancellationToken,
-    view: Arc<watch::Sender<KubeletView>>,
+    shared: Shared,
     generation: u64,
 ) {
+    let view = &shared.view;
     let update = |change: &dyn Fn(&mut KubeletView)| {
         view.send_if_modified(|v| {
             let current = v.streams_started == generation;
@@ -269,10 +298,15 @@ async fn consume_stream(
             tokio::select! {
                 _ = stop.cancelled() => break,
                 message = stream.message() => match message {
-                    Ok(Some(list)) => update(&|v| {
-                        v.devices = list.devices.clone();
-                        v.snapshots += 1;
-                    }),
+                    Ok(Some(list)) => {
+                        update(&|v| {
+                            v.devices = list.devices.clone();
+                            v.snapshots += 1;
+                        });
+                        if shared.reject_streams.load(Ordering::Relaxed) {
+                            break;
+                        }
+                    }
                     _ => break,
                 },
             }

@@ -7,11 +7,13 @@
 //! `Register`, because the kubelet dials back and asks for the plugin's options while that call
 //! is still in flight. Changes are seen through inotify on the directory, not by polling.
 
-use std::path::PathBuf;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use nix::fcntl::{Flock, FlockArg};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -35,6 +37,13 @@ const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
 const STOP_TIMEOUT: Duration = Duration::from_secs(1);
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const LAST_RETRY: Duration = Duration::from_secs(5);
+/// How long a refused connect to a `kubelet.sock` that exists is retried before the attempt
+/// counts as failed: the kubelet creates the file at `bind()` and listens a moment later.
+const REFUSED_PATIENCE: Duration = Duration::from_secs(1);
+/// A stream the kubelet keeps this long was not a rejection.
+const STABLE_AFTER: Duration = Duration::from_secs(3);
+/// Longest pause between registrations while the kubelet keeps ending streams at once.
+const CHURN_CAP: Duration = Duration::from_secs(30);
 
 /// What the rest of the process may know about the registration.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -111,6 +120,7 @@ impl Lifecycle {
             return Ok(());
         };
         let mut retry = FIRST_RETRY;
+        let mut churn = Churn::default();
         let mut last_kubelet: Option<FileIdentity> = None;
         let mut waiting_logged = false;
         loop {
@@ -150,27 +160,48 @@ impl Lifecycle {
             retry = FIRST_RETRY;
             let restarted = last_kubelet.is_some_and(|last| Some(last) != kubelet);
             last_kubelet = kubelet;
+            if restarted {
+                // A restarting kubelet ends the stream before it replaces its socket: that
+                // ending was no rejection.
+                churn.settle();
+            }
             self.status.send_modify(|s| {
                 s.registered = true;
                 s.registrations += 1;
                 s.kubelet_restarts += u64::from(restarted);
             });
-            tracing::info!(
-                resource = %self.resource_name,
-                endpoint = PLUGIN_SOCKET,
-                kubelet_restarted = restarted,
-                devices = self.state.current().devices().len(),
-                "registered with the kubelet"
-            );
+            if !churn.backing_off() {
+                tracing::info!(
+                    resource = %self.resource_name,
+                    endpoint = PLUGIN_SOCKET,
+                    kubelet_restarted = restarted,
+                    devices = self.state.current().devices().len(),
+                    "registered with the kubelet"
+                );
+            }
 
             let ended = self
-                .wait_until_ended(&generation, &mut watch, kubelet, &shutdown)
+                .wait_until_ended(&generation, &mut watch, kubelet, &mut churn, &shutdown)
                 .await;
             self.status.send_modify(|s| s.registered = false);
             generation.stop().await;
-            match ended {
+            let pause = match ended {
                 Ending::Shutdown => return Ok(()),
-                reason => tracing::info!(reason = ?reason, "registration ended; registering again"),
+                Ending::StreamEnded => churn.stream_ended(),
+                _ => {
+                    churn.settle();
+                    None
+                }
+            };
+            if !churn.backing_off() {
+                tracing::info!(reason = ?ended, "registration ended; registering again");
+            }
+            if let Some(pause) = pause
+                && !self
+                    .wait_for_kubelet(&mut watch, Some(pause), &shutdown)
+                    .await
+            {
+                return Ok(());
             }
         }
     }
@@ -178,24 +209,12 @@ impl Lifecycle {
     /// Sets up the inotify watch on the device-plugin dir, creating the dir like the kubelet
     /// would. Retries until it works: a missing or unreadable dir is not a reason to exit.
     async fn watch_dir(&self, shutdown: &CancellationToken) -> Option<DirWatch> {
-        let mut logged = false;
-        loop {
-            let attempt = std::fs::create_dir_all(&self.dir)
+        persist("cannot watch the device-plugin dir", shutdown, || {
+            std::fs::create_dir_all(&self.dir)
                 .and_then(|()| DirWatch::new(&self.dir))
-                .with_context(|| format!("device-plugin dir {}", self.dir.display()));
-            match attempt {
-                Ok(watch) => return Some(watch),
-                Err(err) if !logged => {
-                    tracing::error!(error = %format!("{err:#}"), "cannot watch the device-plugin dir; retrying");
-                    logged = true;
-                }
-                Err(_) => {}
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return None,
-                _ = tokio::time::sleep(LAST_RETRY) => {}
-            }
-        }
+                .with_context(|| format!("device-plugin dir {}", self.dir.display()))
+        })
+        .await
     }
 
     /// Serves a fresh socket and registers it; a failed attempt leaves no server behind.
@@ -204,6 +223,7 @@ impl Lifecycle {
             Ok(generation) => generation,
             Err(err) => return Attempt::Failed(err.context("cannot serve the plugin socket")),
         };
+        generation.hooks.registering();
         let registered = tokio::select! {
             _ = shutdown.cancelled() => {
                 generation.stop().await;
@@ -262,7 +282,7 @@ impl Lifecycle {
     }
 
     async fn register(&self) -> anyhow::Result<()> {
-        let channel = uds::dial(&self.kubelet_socket())
+        let channel = uds::dial_patiently(&self.kubelet_socket(), REFUSED_PATIENCE)
             .await
             .context("connecting to kubelet.sock")?;
         RegistrationClient::new(channel)
@@ -308,12 +328,16 @@ impl Lifecycle {
         generation: &Generation,
         watch: &mut DirWatch,
         kubelet: Option<FileIdentity>,
+        churn: &mut Churn,
         shutdown: &CancellationToken,
     ) -> Ending {
+        let stable = tokio::time::sleep(STABLE_AFTER);
+        tokio::pin!(stable);
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ending::Shutdown,
                 _ = generation.hooks.ended_by_kubelet() => return Ending::StreamEnded,
+                _ = &mut stable, if churn.streak > 0 => churn.settle(),
                 events = watch.next() => {
                     if events.is_err() {
                         return Ending::SocketReplaced;
@@ -337,4 +361,105 @@ fn is_creation(event: &DirEvent) -> bool {
     event
         .mask
         .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
+}
+
+/// Consecutive registrations whose stream the kubelet ended within [`STABLE_AFTER`]. A kubelet
+/// that rejects every stream (say, a device list over its message limit) would otherwise be
+/// re-registered with as fast as it can answer, with a log line each time.
+#[derive(Default)]
+struct Churn {
+    streak: u32,
+}
+
+impl Churn {
+    /// The pause before registering again: none for a first ending, then doubling up to
+    /// [`CHURN_CAP`]. Logs once, on entering the backoff.
+    fn stream_ended(&mut self) -> Option<Duration> {
+        self.streak += 1;
+        let doublings = self.streak.checked_sub(2)?;
+        if doublings == 0 {
+            tracing::warn!(
+                within = ?STABLE_AFTER,
+                cap = ?CHURN_CAP,
+                "the kubelet keeps ending the ListAndWatch stream; registering with growing pauses, quietly, until a stream lasts"
+            );
+        }
+        Some(
+            FIRST_RETRY
+                .saturating_mul(1 << doublings.min(16))
+                .min(CHURN_CAP),
+        )
+    }
+
+    fn backing_off(&self) -> bool {
+        self.streak > 1
+    }
+
+    /// A stream lasted, or the registration ended for another reason: the next ending
+    /// re-registers at once again.
+    fn settle(&mut self) {
+        if self.backing_off() {
+            tracing::info!(
+                after = self.streak,
+                "the kubelet keeps the ListAndWatch stream open again; backoff over"
+            );
+        }
+        self.streak = 0;
+    }
+}
+
+/// Holds the device-plugin dir for one plugin: two plugins on one dir would replace each
+/// other's socket and re-register in turn forever.
+pub struct DirLock {
+    _dir: Flock<File>,
+}
+
+/// Takes an exclusive `flock` on `dir` itself. A lock on the directory needs no file of its
+/// own: nothing to create on a full disk, and nothing for the kubelet's clean-up to touch.
+/// Another holder, or a dir that cannot be locked, is fatal; a dir that cannot be created or
+/// opened is retried, as the dir watch is. `None` on shutdown.
+pub async fn lock_dir(dir: &Path, shutdown: &CancellationToken) -> anyhow::Result<Option<DirLock>> {
+    let taken =
+        persist("cannot lock the device-plugin dir", shutdown, || {
+            std::fs::create_dir_all(dir)
+                .and_then(|()| File::open(dir))
+                .with_context(|| format!("device-plugin dir {}", dir.display()))
+                .map(
+                    |file| match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                        Ok(locked) => Ok(DirLock { _dir: locked }),
+                        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Err(anyhow::anyhow!(
+                            "another efa-device-plugin is running on {}: it holds the dir's lock",
+                            dir.display()
+                        )),
+                        Err((_, errno)) => Err(anyhow::Error::from(errno)
+                            .context(format!("locking {}", dir.display()))),
+                    },
+                )
+        })
+        .await;
+    taken.transpose()
+}
+
+/// Repeats `attempt` every [`LAST_RETRY`] until it succeeds, logging the first failure only.
+/// `None` on shutdown.
+async fn persist<T>(
+    what: &str,
+    shutdown: &CancellationToken,
+    mut attempt: impl FnMut() -> anyhow::Result<T>,
+) -> Option<T> {
+    let mut logged = false;
+    loop {
+        match attempt() {
+            Ok(done) => return Some(done),
+            Err(err) if !logged => {
+                tracing::error!(error = %format!("{err:#}"), "{what}; retrying");
+                logged = true;
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(LAST_RETRY) => {}
+        }
+    }
 }

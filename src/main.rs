@@ -33,6 +33,12 @@ fn main() -> ExitCode {
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
+        // Found wrong only once the node is scanned, but still a setting: the same exit as a
+        // bad flag.
+        Err(err) if err.downcast_ref::<config::ConfigError>().is_some() => {
+            eprintln!("{err}");
+            ExitCode::from(2)
+        }
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE

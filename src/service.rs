@@ -3,9 +3,12 @@
 //! Device state is read from [`crate::state`], allocation decided by [`crate::allocation`];
 //! nothing here owns data. One service instance lives for one registration generation.
 
+use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use prost::Message;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -14,10 +17,11 @@ use tonic::{Request, Response, Status};
 
 use crate::allocation::sharing::Sharing;
 use crate::allocation::{AllocateError, Allocator};
+use crate::config::ConfigError;
 use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     NumaNode, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-    PreferredAllocationResponse, TopologyInfo, device_plugin_server::DevicePlugin,
+    PreferredAllocationResponse, TopologyInfo, UNHEALTHY, device_plugin_server::DevicePlugin,
 };
 use crate::state::{DeviceRecord, Inventory};
 
@@ -25,7 +29,11 @@ use crate::state::{DeviceRecord, Inventory};
 #[derive(Default)]
 pub struct StreamHooks {
     open: watch::Sender<usize>,
-    /// Signalled when the kubelet ends a stream (rather than the plugin stopping it).
+    /// Set when Register is sent: the kubelet opens its stream only after receiving it.
+    registering: AtomicBool,
+    /// Whether a stream already counts as the kubelet's.
+    kubelet_stream_opened: AtomicBool,
+    /// Signalled when the kubelet ends its stream (rather than the plugin stopping it).
     ended_by_kubelet: Notify,
 }
 
@@ -34,28 +42,46 @@ impl StreamHooks {
         self.open.subscribe()
     }
 
+    /// Called just before Register: the first stream opened from now on is the kubelet's.
+    /// Streams of other clients (a debugging tool, a second reader) come and go without
+    /// ending the registration.
+    pub fn registering(&self) {
+        self.registering.store(true, Ordering::Release);
+    }
+
     pub async fn ended_by_kubelet(&self) {
         self.ended_by_kubelet.notified().await
     }
+
+    fn claim_kubelet_stream(&self) -> bool {
+        self.registering.load(Ordering::Acquire)
+            && !self.kubelet_stream_opened.swap(true, Ordering::AcqRel)
+    }
 }
 
-/// Counts a stream as open while alive, and reports how it ended.
+/// Counts a stream as open while alive, and reports how the kubelet's stream ended.
 struct StreamGuard {
     hooks: Arc<StreamHooks>,
     stop: CancellationToken,
+    kubelets: bool,
 }
 
 impl StreamGuard {
     fn new(hooks: Arc<StreamHooks>, stop: CancellationToken) -> Self {
         hooks.open.send_modify(|n| *n += 1);
-        StreamGuard { hooks, stop }
+        let kubelets = hooks.claim_kubelet_stream();
+        StreamGuard {
+            hooks,
+            stop,
+            kubelets,
+        }
     }
 }
 
 impl Drop for StreamGuard {
     fn drop(&mut self) {
         self.hooks.open.send_modify(|n| *n -= 1);
-        if !self.stop.is_cancelled() {
+        if self.kubelets && !self.stop.is_cancelled() {
             self.hooks.ended_by_kubelet.notify_one();
         }
     }
@@ -84,6 +110,37 @@ pub fn list_response(inventory: &Inventory, sharing: Sharing) -> ListAndWatchRes
     }
 }
 
+/// The kubelet reads ListAndWatch with gRPC's default receive limit and drops a stream whose
+/// message is larger, every time it is sent.
+pub const KUBELET_MESSAGE_LIMIT: usize = 4 << 20;
+
+/// Refuses a sharing count under which the device list of `inventory` could exceed
+/// [`KUBELET_MESSAGE_LIMIT`]. Sized for the worst case, every ID `Unhealthy` (the longest
+/// health), so no health change can push a list that passed over the limit.
+pub fn check_list_fits(inventory: &Inventory, sharing: Sharing) -> Result<(), ConfigError> {
+    let size = |sharing: Sharing| {
+        let mut list = list_response(inventory, sharing);
+        for device in &mut list.devices {
+            device.health = UNHEALTHY.into();
+        }
+        list.encoded_len()
+    };
+    let worst = size(sharing);
+    if worst <= KUBELET_MESSAGE_LIMIT {
+        return Ok(());
+    }
+    let replicas = sharing.replicas.get();
+    let fitting = (1..replicas)
+        .rev()
+        .filter_map(NonZeroU32::new)
+        .find(|&r| size(Sharing::replicas(r)) <= KUBELET_MESSAGE_LIMIT)
+        .map_or(0, NonZeroU32::get);
+    Err(ConfigError(format!(
+        "--sharing-replicas (sharing.replicas) {replicas}: {} EFAs make a device list of up to {worst} bytes, over the kubelet's {KUBELET_MESSAGE_LIMIT}-byte message limit; at most {fitting} fit",
+        inventory.devices().len(),
+    )))
+}
+
 fn to_device(id: String, record: &DeviceRecord) -> Device {
     Device {
         id,
@@ -95,6 +152,10 @@ fn to_device(id: String, record: &DeviceRecord) -> Device {
         }),
     }
 }
+
+/// Offers up to this many IDs are answered on the runtime thread: they take well under a
+/// millisecond, less than handing them to another thread would cost in latency.
+const INLINE_OFFER: usize = 512;
 
 type ListStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
 
@@ -147,9 +208,24 @@ impl DevicePlugin for PluginService {
         request: Request<PreferredAllocationRequest>,
     ) -> Result<Response<PreferredAllocationResponse>, Status> {
         let inventory = self.devices.borrow().clone();
-        Ok(Response::new(
-            self.allocator.preferred(&inventory, request.get_ref()),
-        ))
+        let request = request.into_inner();
+        let offered: usize = request
+            .container_requests
+            .iter()
+            .map(|c| c.available_device_i_ds.len())
+            .sum();
+        if offered <= INLINE_OFFER {
+            return Ok(Response::new(
+                self.allocator.preferred(&inventory, &request),
+            ));
+        }
+        // The runtime has one thread: a large answer computed on it would hold up every other
+        // RPC and the probes for as long as it takes.
+        let allocator = self.allocator.clone();
+        tokio::task::spawn_blocking(move || allocator.preferred(&inventory, &request))
+            .await
+            .map(Response::new)
+            .map_err(|err| Status::internal(format!("GetPreferredAllocation failed: {err}")))
     }
 
     async fn allocate(

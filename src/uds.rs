@@ -1,7 +1,9 @@
 //! gRPC over Unix sockets: the only transport the kubelet speaks to device plugins.
 
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use std::convert::Infallible;
 
@@ -19,23 +21,77 @@ use tower::{Service, service_fn};
 /// Opens a channel to the gRPC server on `path`. The `:authority` is `localhost`, as the
 /// kubelet sends it.
 pub async fn dial(path: &Path) -> Result<Channel, tonic::transport::Error> {
+    dial_patiently(path, Duration::ZERO).await
+}
+
+/// [`dial`], but a refused connect is retried for up to `patience`, after 1 ms and then at
+/// growing intervals up to [`REFUSED_RETRY`]: a server's socket file appears at `bind()`, a
+/// moment before it listens, and whoever reacts to the file's creation connects into that gap.
+pub async fn dial_patiently(
+    path: &Path,
+    patience: Duration,
+) -> Result<Channel, tonic::transport::Error> {
     let path: PathBuf = path.to_owned();
     Endpoint::from_static("http://localhost")
         .connect_with_connector(service_fn(move |_: Uri| {
             let path = path.clone();
-            async move { Ok::<_, io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
+            let deadline = Instant::now() + patience;
+            async move {
+                let mut pause = Duration::from_millis(1);
+                loop {
+                    match UnixStream::connect(&path).await {
+                        Err(err)
+                            if err.kind() == io::ErrorKind::ConnectionRefused
+                                && Instant::now() < deadline =>
+                        {
+                            tokio::time::sleep(pause).await;
+                            pause = (pause * 2).min(REFUSED_RETRY);
+                        }
+                        connected => return connected.map(TokioIo::new),
+                    }
+                }
+            }
         }))
         .await
 }
 
+/// The longest pause between [`dial_patiently`]'s retries of a refused connect.
+pub const REFUSED_RETRY: Duration = Duration::from_millis(10);
+
 /// Binds a listening socket at `path`, replacing a stale socket file left by an earlier run.
+/// The socket file is 0600 whatever the umask: only its owner (and root) may connect.
 pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    listen(bind_unlistened(path)?)
+}
+
+/// Binds a socket at `path` that does not listen yet, so connects to it are refused, as they
+/// are between a server's `bind()` and `listen()`. [`listen`] completes it.
+pub fn bind_unlistened(path: &Path) -> io::Result<OwnedFd> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr};
+    use nix::sys::stat::{Mode, fchmod};
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(err) if err.kind() == io::ErrorKind::NotFound => {}
         Err(err) => return Err(err),
     }
-    UnixListener::bind(path)
+    let socket = nix::sys::socket::socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    // Linux creates the file with the socket inode's mode less the umask. Narrowing the inode
+    // before bind() makes the file 0600 from its first instant, without touching the
+    // process-wide umask that other threads' files depend on.
+    fchmod(&socket, Mode::S_IRUSR | Mode::S_IWUSR)?;
+    nix::sys::socket::bind(socket.as_raw_fd(), &UnixAddr::new(path)?)?;
+    Ok(socket)
+}
+
+/// Starts listening on a socket from [`bind_unlistened`].
+pub fn listen(socket: OwnedFd) -> io::Result<UnixListener> {
+    nix::sys::socket::listen(&socket, nix::sys::socket::Backlog::MAXCONN)?;
+    UnixListener::from_std(std::os::unix::net::UnixListener::from(socket))
 }
 
 /// Serves one gRPC service on `listener` until `stop` is cancelled; the task yields the server's

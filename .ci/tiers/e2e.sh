@@ -10,5 +10,3 @@ cd "$(dirname "$0")/../.."
 bash tests/cdi/validate.sh
 bash tests/e2e/kubelet.sh
 bash tests/e2e/cluster.sh
-
-# ---- Further suites of this tier: one line each below, in the order they run. ----

@@ -1,0 +1,256 @@
+//! Registration under pressure, against the real binary: a kubelet socket that is not listening
+//! yet, a kubelet that rejects every stream, foreign streams, a second instance, the socket's
+//! mode, the kubelet's message size limit, and a heavy GetPreferredAllocation.
+
+mod support;
+
+use std::io::{Seek, SeekFrom};
+use std::os::unix::fs::PermissionsExt;
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use efa_device_plugin::discovery::DevNum;
+use efa_device_plugin::proto::deviceplugin::{
+    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
+    PreferredAllocationRequest, device_plugin_client::DevicePluginClient,
+};
+use efa_device_plugin::simulate::Shape;
+use support::{BINARY, Harness, TIMEOUT, eventually};
+
+fn occurrences(log: &str, needle: &str) -> usize {
+    log.lines().filter(|line| line.contains(needle)).count()
+}
+
+/// Runs the plugin with `args` until it exits: its status and stderr. Fails the test if it is
+/// still running after [`TIMEOUT`].
+async fn exit_of(args: &[String]) -> (ExitStatus, String) {
+    // A file, not a pipe: nobody reads a pipe while waiting, and a full one would block the log.
+    let mut stderr = tempfile::tempfile().unwrap();
+    let mut plugin = Command::new(BINARY)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr.try_clone().unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + TIMEOUT;
+    let status = loop {
+        if let Some(status) = plugin.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = plugin.kill();
+            let _ = plugin.wait();
+            panic!("the plugin kept running");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    stderr.seek(SeekFrom::Start(0)).unwrap();
+    (status, std::io::read_to_string(stderr).unwrap())
+}
+
+#[tokio::test]
+async fn a_kubelet_socket_that_listens_late_is_registered_with_at_once() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    h.registered_and_logged().await;
+    let calls = h.kubelet.view().borrow().register_calls;
+    // The plugin sees kubelet.sock appear and connects before the kubelet listens; the old
+    // backoff would have retried 100, 300 and 700 ms later, and then at 1.5 s.
+    h.kubelet
+        .restart_listening_after(Duration::from_millis(800))
+        .await
+        .unwrap();
+    let listening = Instant::now();
+    h.wait("re-registration", |v| {
+        v.register_calls > calls && v.stream_open
+    })
+    .await;
+    let took = listening.elapsed();
+    let log = h.plugin_log();
+    assert_eq!(
+        occurrences(&log, "registration with the kubelet failed"),
+        0,
+        "a refused connect within the grace period is no failure\n{log}"
+    );
+    // Generous against scheduling noise, still far below the 700 ms the old backoff took.
+    assert!(took < Duration::from_millis(400), "took {took:?}\n{log}");
+}
+
+#[tokio::test]
+async fn a_kubelet_that_keeps_ending_streams_gets_growing_pauses_and_few_log_lines() {
+    let mut h = Harness::new(Shape::P4d);
+    h.kubelet.reject_streams(true);
+    h.spawn_plugin(&[]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let calls = h.kubelet.view().borrow().register_calls;
+    let log = h.plugin_log();
+    // Pauses of 0, 0.1, 0.2, 0.4, 0.8 and 1.6 s: about 6 registrations in 3 s, where an
+    // immediate retry makes hundreds.
+    assert!((3..=10).contains(&calls), "{calls} registrations\n{log}");
+    assert_eq!(
+        occurrences(&log, "keeps ending the ListAndWatch stream"),
+        1,
+        "{log}"
+    );
+    assert!(
+        occurrences(&log, "registered with the kubelet") <= 2,
+        "{log}"
+    );
+    assert!(occurrences(&log, "registration ended") <= 1, "{log}");
+
+    h.kubelet.reject_streams(false);
+    h.registered().await;
+    eventually("the end of the backoff to be logged", || {
+        h.plugin_log().contains("backoff over")
+    })
+    .await;
+    // Back to normal: the next ending re-registers at once.
+    let started = h.kubelet.view().borrow().streams_started;
+    h.kubelet.end_stream();
+    h.wait("re-registration", |v| {
+        v.streams_started > started && v.stream_open
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn another_clients_stream_ending_keeps_the_registration() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    let before = h.registered_and_logged().await;
+    let channel = efa_device_plugin::uds::dial(&h.plugin_socket())
+        .await
+        .unwrap();
+    let mut stream = DevicePluginClient::new(channel)
+        .list_and_watch(Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(stream.message().await.unwrap().is_some());
+    drop(stream);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after = h.kubelet.view().borrow().clone();
+    let log = h.plugin_log();
+    assert_eq!(after.register_calls, before.register_calls, "{log}");
+    assert!(after.stream_open, "{log}");
+    assert!(!log.contains("registration ended"), "{log}");
+}
+
+#[tokio::test]
+async fn the_plugin_socket_is_0600_whatever_the_umask() {
+    let mut h = Harness::new(Shape::P4d);
+    // Inherited by the plugin; this test binary's own files do not care.
+    nix::sys::stat::umask(nix::sys::stat::Mode::empty());
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    let mode = std::fs::symlink_metadata(h.plugin_socket())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+}
+
+#[tokio::test]
+async fn a_second_instance_on_the_same_dir_exits_with_a_clear_message() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    let before = h.registered_and_logged().await;
+    let (status, stderr) = exit_of(&h.args()).await;
+    assert!(!status.success(), "{stderr}");
+    // The log goes to stderr too; the reason is the last line, whole.
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("another efa-device-plugin is running"),
+        "{stderr}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = h.kubelet.view().borrow().clone();
+    assert_eq!(after.register_calls, before.register_calls);
+    assert!(after.stream_open && h.plugin_socket().exists());
+}
+
+#[tokio::test]
+async fn a_sharing_count_over_the_kubelets_message_limit_is_refused_at_start() {
+    let h = Harness::new(Shape::NoEfa);
+    // 2048 EFAs at 64 replicas make about 4.6 MB of device list; the kubelet takes 4 MiB.
+    let template = efa_device_plugin::simulate::devices(Shape::P4d).remove(0);
+    for n in 0..2048u32 {
+        let (domain, bus) = (n / 256, n % 256);
+        let device = efa_device_plugin::simulate::FakeDevice {
+            bdf: format!("{domain:04x}:{bus:02x}:00.0"),
+            parents: vec![format!("pci{domain:04x}:{bus:02x}")],
+            ibdev: format!("rdmaP{domain}p{bus}s0"),
+            uverbs: n,
+            dev: DevNum {
+                major: 511,
+                minor: n,
+            },
+            ..template.clone()
+        };
+        h.node.add(&device).unwrap();
+    }
+    let mut args = h.args();
+    args.extend(["--sharing-replicas".into(), "64".into()]);
+    let (status, stderr) = exit_of(&args).await;
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    let last = stderr.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("--sharing-replicas") && last.contains("at most 58 fit"),
+        "{stderr}"
+    );
+    assert!(!h.plugin_socket().exists());
+    assert_eq!(h.kubelet.view().borrow().register_calls, 0);
+}
+
+#[tokio::test]
+async fn the_largest_preferred_allocation_does_not_hold_up_allocate_or_the_probes() {
+    let mut h = Harness::new(Shape::Dense256);
+    h.spawn_plugin(&["--sharing-replicas", "64"]);
+    let view = h
+        .wait("registration with 16384 IDs", |v| {
+            v.stream_open && v.devices.len() == 256 * 64
+        })
+        .await;
+    let all: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
+    let address = h.metrics_address().await;
+    let mut client = h.kubelet.plugin().unwrap();
+    let mut heavy = client.clone();
+    let request = PreferredAllocationRequest {
+        container_requests: vec![ContainerPreferredAllocationRequest {
+            available_device_i_ds: all.clone(),
+            must_include_device_i_ds: Vec::new(),
+            allocation_size: 4096,
+        }],
+    };
+    let preferring = tokio::spawn(async move {
+        let started = Instant::now();
+        heavy.get_preferred_allocation(request).await.unwrap();
+        started.elapsed()
+    });
+    // Let the request arrive and its answer start.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: all[..8].to_vec(),
+            }],
+        })
+        .await
+        .unwrap();
+    let (status, _) = support::http_get(address, "/healthz").await;
+    let answered = started.elapsed();
+    assert_eq!(status, 200);
+    let preferred_first = preferring.is_finished();
+    let preferred = preferring.await.unwrap();
+    assert!(
+        !preferred_first,
+        "GetPreferredAllocation finished first, in {preferred:?}: the test needs a larger one"
+    );
+    assert!(
+        answered < preferred / 2,
+        "Allocate and /healthz took {answered:?} during a {preferred:?} GetPreferredAllocation"
+    );
+}
