@@ -8,6 +8,8 @@
 set -uo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=SCRIPTDIR/lib/pinned-venv.sh
+source "$repo/.ci/lib/pinned-venv.sh"
 cache="${EFA_DP_TOOLS_CACHE:-/var/cache/efa-device-plugin-tools}"
 chart="$repo/manifests/helm/efa-device-plugin"
 
@@ -59,15 +61,7 @@ skip() {
   echo "SKIP $1: $2"
 }
 
-install_python_tools() {
-  if [[ -f $venv/.pins && "$(<"$venv/.pins")" == "${python_tools[*]}" ]]; then
-    return 0
-  fi
-  rm -rf "$venv"
-  python3 -m venv "$venv" &&
-    "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir "${python_tools[@]}" &&
-    echo "${python_tools[*]}" >"$venv/.pins"
-}
+install_python_tools() { pinned_venv "$venv" "${python_tools[@]}"; }
 
 # Builds a Go tool from source through the module proxy.
 go_install() { # go_install MODULE@VERSION BINARY
@@ -191,7 +185,7 @@ main() {
   step "install go tools (helm ${helm_module##*@}, kustomize ${kustomize_module##*@}, actionlint ${actionlint_module##*@})" install_go_tools
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
-  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh .ci/tiers/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/cdi/*.sh
+  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh .ci/lib/*.sh .ci/tiers/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/cdi/*.sh
   step "actionlint .github/workflows" lint_workflows
   step "release dry run: tag check, CHANGELOG notes, helm package" release_dry_run
   step "render manifests (kustomize base, labelled and cdi, helm default, labelled, cdi and variant values)" render

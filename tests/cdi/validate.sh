@@ -26,6 +26,8 @@ venv=$cache/cdi-schema-venv
 
 # shellcheck source=SCRIPTDIR/../e2e/lib/build.sh
 source "$repo/tests/e2e/lib/build.sh"
+# shellcheck source=SCRIPTDIR/../../.ci/lib/pinned-venv.sh
+source "$repo/.ci/lib/pinned-venv.sh"
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -35,15 +37,7 @@ die() {
 	exit 1
 }
 
-install_python_tools() {
-	if [[ -f $venv/.pins && "$(<"$venv/.pins")" == "${python_tools[*]}" ]]; then
-		return 0
-	fi
-	rm -rf "$venv"
-	python3 -m venv "$venv" &&
-		"$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir "${python_tools[@]}" &&
-		echo "${python_tools[*]}" >"$venv/.pins"
-}
+install_python_tools() { pinned_venv "$venv" "${python_tools[@]}"; }
 
 main() {
 	command -v go >/dev/null || die "no go toolchain"

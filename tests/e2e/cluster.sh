@@ -47,9 +47,7 @@ HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /
 DEV_PROPAGATION=
 TEST_VALUES=$HERE/cluster/values-e2e.yaml
 
-PASSED=0
-FAILED=0
-REASON=
+SUITE=cluster
 T=
 BIN=
 PLUGIN=
@@ -57,12 +55,6 @@ KUBECONFIG=
 declare -A PIDS=()
 # Daemons in start order; cleanup stops them in reverse.
 DAEMONS=()
-
-fail_setup() {
-	echo "FAIL (setup) $*"
-	FAILED=$((FAILED + 1))
-	exit 1
-}
 
 k() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
 kns() { k -n "$NS" "$@"; }
@@ -774,20 +766,6 @@ case_cdi() {
 
 rolled_from() { local p; p=$(ready_plugin_pod) && [[ -n $p && $p != "$1" ]] && allocatable_is 4; }
 
-run_case() {
-	local label=$1 fn=$2 start=$SECONDS
-	REASON=
-	CASE_DETAIL=
-	note "case $label"
-	if "$fn"; then
-		echo "ok   $label ($((SECONDS - start))s)${CASE_DETAIL:+: $CASE_DETAIL}"
-		PASSED=$((PASSED + 1))
-	else
-		echo "FAIL $label: ${REASON:-failed}"
-		FAILED=$((FAILED + 1))
-	fi
-}
-
 # ---------------------------------------------------------------- cleanup
 
 cleanup() {
@@ -807,24 +785,6 @@ cleanup() {
 	ip link del "$BRIDGE" 2>/dev/null
 	restore_host_state "${HOST_PATHS[@]}"
 	[[ -z $DEV_PROPAGATION || $DEV_PROPAGATION == shared* ]] || mount "--make-$DEV_PROPAGATION" /dev
-}
-
-finish() {
-	local rc=$?
-	trap - EXIT INT TERM
-	if [[ -n $T && -d $T ]]; then
-		cleanup >"$T/logs/cleanup.log" 2>&1
-		keep_logs cluster
-		rm -rf "$T"
-	fi
-	[[ -n $LOCK_HELD ]] && rm -f "$LOCK"
-	if ((rc != 0 && FAILED == 0)); then
-		echo "FAIL (aborted) exit status $rc"
-		FAILED=1
-	fi
-	echo "$PASSED passed, $FAILED failed"
-	((FAILED == 0))
-	exit
 }
 
 main() {

@@ -33,9 +33,7 @@ BUSYBOX=/bin/busybox
 # they are configured with; cleanup removes what was not there before.
 HOST_PATHS=(/var/lib/kubelet /var/log/containers /run/containerd /run/netns /var/lib/cni /opt/containerd)
 
-PASSED=0
-FAILED=0
-REASON=
+SUITE=kubelet
 T=
 KUBELET=
 PLUGIN=
@@ -44,12 +42,6 @@ KUBELET_STARTS=0
 CONTAINERD_PID=
 PLUGIN_PID=
 PLUGIN_STARTS=0
-
-fail_setup() {
-	echo "FAIL (setup) $*"
-	FAILED=$((FAILED + 1))
-	exit 1
-}
 
 ctr_k8s() { ctr --address "$T/containerd/containerd.sock" --namespace k8s.io "$@"; }
 
@@ -407,19 +399,6 @@ case_f() {
 	wait_pod_running f2 4
 }
 
-run_case() {
-	local label=$1 fn=$2 start=$SECONDS
-	REASON=
-	note "case $label"
-	if "$fn"; then
-		echo "ok   $label ($((SECONDS - start))s)"
-		PASSED=$((PASSED + 1))
-	else
-		echo "FAIL $label: ${REASON:-failed}"
-		FAILED=$((FAILED + 1))
-	fi
-}
-
 # ---------------------------------------------------------------- cleanup
 
 cleanup() {
@@ -427,24 +406,6 @@ cleanup() {
 	[[ -n $KUBELET_PID ]] && stop_pid "$KUBELET_PID" 30
 	[[ -n $CONTAINERD_PID ]] && kill_containerd "$T/containerd/containerd.sock" "$T/containerd/state" "$CONTAINERD_PID"
 	restore_host_state "${HOST_PATHS[@]}"
-}
-
-finish() {
-	local rc=$?
-	trap - EXIT INT TERM
-	if [[ -n $T && -d $T ]]; then
-		cleanup >"$T/logs/cleanup.log" 2>&1
-		keep_logs kubelet
-		rm -rf "$T"
-	fi
-	[[ -n $LOCK_HELD ]] && rm -f "$LOCK"
-	if ((rc != 0 && FAILED == 0)); then
-		echo "FAIL (aborted) exit status $rc"
-		FAILED=1
-	fi
-	echo "$PASSED passed, $FAILED failed"
-	((FAILED == 0))
-	exit
 }
 
 main() {

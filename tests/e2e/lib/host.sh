@@ -2,7 +2,8 @@
 # What both end-to-end suites need to run daemons on this host and to leave it
 # as they found it: process handling, polling, and a record of the host state
 # that kubelets and containerd change whatever they are configured with.
-# The caller sets T (its temp dir, with T/host for the records) and CACHE.
+# The caller sets SUITE (its name), T (its temp dir, with T/host for the records) and CACHE,
+# and defines cleanup, which finish runs on every exit path.
 # shellcheck disable=SC2034 # the globals below are the sourcing suite's too
 
 # The kubelet hard-codes this path; --root-dir does not move it.
@@ -19,7 +20,53 @@ declare -A SYSCTL_VALUE=()
 # Paths moved aside for the run and put back by restore_host_state.
 declare -A MOVED_ASIDE=()
 
+PASSED=0
+FAILED=0
+# Why the running case failed, and what it measured, for its one line.
+REASON=
+CASE_DETAIL=
+
 note() { printf '# %s\n' "$*" >&2; }
+
+fail_setup() {
+	echo "FAIL (setup) $*"
+	FAILED=$((FAILED + 1))
+	exit 1
+}
+
+# run_case LABEL FN: runs one case and prints its line.
+run_case() {
+	local label=$1 fn=$2 start=$SECONDS
+	REASON=
+	CASE_DETAIL=
+	note "case $label"
+	if "$fn"; then
+		echo "ok   $label ($((SECONDS - start))s)${CASE_DETAIL:+: $CASE_DETAIL}"
+		PASSED=$((PASSED + 1))
+	else
+		echo "FAIL $label: ${REASON:-failed}"
+		FAILED=$((FAILED + 1))
+	fi
+}
+
+# The EXIT trap of a suite: cleans up, keeps the logs, and prints "N passed, M failed" last.
+finish() {
+	local rc=$?
+	trap - EXIT INT TERM
+	if [[ -n $T && -d $T ]]; then
+		cleanup >"$T/logs/cleanup.log" 2>&1
+		keep_logs "$SUITE"
+		rm -rf "$T"
+	fi
+	[[ -n $LOCK_HELD ]] && rm -f "$LOCK"
+	if ((rc != 0 && FAILED == 0)); then
+		echo "FAIL (aborted) exit status $rc"
+		FAILED=1
+	fi
+	echo "$PASSED passed, $FAILED failed"
+	((FAILED == 0))
+	exit
+}
 
 # wait_until SECONDS CMD...: polls CMD until it succeeds or time runs out.
 wait_until() {
