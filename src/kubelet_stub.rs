@@ -144,6 +144,14 @@ impl KubeletStub {
         self.restart_listening_after(Duration::ZERO).await
     }
 
+    /// [`Self::restart`] with the kubelet down for `down` first, as a real one is while its
+    /// process starts: a plugin that serves its socket again meanwhile loses it to the cleanup.
+    pub async fn restart_after(&mut self, down: Duration) -> std::io::Result<()> {
+        self.shutdown().await;
+        tokio::time::sleep(down).await;
+        self.restart().await
+    }
+
     /// [`Self::restart`] with `gap` between creating `kubelet.sock` and listening on it: the
     /// kubelet's Go runtime binds and listens in two steps, and a connect in between is refused.
     pub async fn restart_listening_after(&mut self, gap: Duration) -> std::io::Result<()> {
@@ -184,6 +192,17 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The kubelet dials the plugin back with gRPC's blocking dial, which retries a missing or
+/// refusing socket until the deadline, so Register hangs while the plugin's socket is gone.
+async fn dial_until_up(socket: &Path) -> Channel {
+    loop {
+        if let Ok(channel) = uds::dial(socket).await {
+            return channel;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The kubelet's start-up cleanup: every socket goes, other files and dirs stay.
@@ -232,10 +251,8 @@ impl Registration for Handler {
             )));
         }
         let socket = self.dir.join(&request.endpoint);
-        let channel = match tokio::time::timeout(DIAL_TIMEOUT, uds::dial(&socket)).await {
-            Ok(Ok(channel)) => channel,
-            Ok(Err(err)) => return Err(self.refuse(format!("failed to dial device plugin: {err}"))),
-            Err(_) => return Err(self.refuse("failed to dial device plugin: timed out".into())),
+        let Ok(channel) = tokio::time::timeout(DIAL_TIMEOUT, dial_until_up(&socket)).await else {
+            return Err(self.refuse("failed to dial device plugin: timed out".into()));
         };
         let mut client = DevicePluginClient::new(channel);
         let options = match tokio::time::timeout(

@@ -142,7 +142,7 @@ impl Lifecycle {
                 continue;
             }
             waiting_logged = false;
-            let generation = match self.attempt(&shutdown).await {
+            let generation = match self.attempt(&mut watch, &shutdown).await {
                 Attempt::Registered(generation) => generation,
                 Attempt::Shutdown => return Ok(()),
                 Attempt::Failed(err) => {
@@ -218,7 +218,7 @@ impl Lifecycle {
     }
 
     /// Serves a fresh socket and registers it; a failed attempt leaves no server behind.
-    async fn attempt(&self, shutdown: &CancellationToken) -> Attempt {
+    async fn attempt(&self, watch: &mut DirWatch, shutdown: &CancellationToken) -> Attempt {
         let generation = match self.serve() {
             Ok(generation) => generation,
             Err(err) => return Attempt::Failed(err.context("cannot serve the plugin socket")),
@@ -231,6 +231,11 @@ impl Lifecycle {
             }
             result = tokio::time::timeout(REGISTER_TIMEOUT, self.register()) => {
                 result.unwrap_or_else(|_| Err(anyhow::anyhow!("Register timed out after {REGISTER_TIMEOUT:?}")))
+            }
+            // A kubelet that starts while we dial its old socket deletes ours first; its
+            // dial-back would then fail, and Register hang until the timeout.
+            () = socket_lost(watch, &generation) => {
+                Err(anyhow::anyhow!("the plugin socket was removed while registering"))
             }
         };
         match registered {
@@ -352,6 +357,16 @@ impl Lifecycle {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Returns once the generation's socket is no longer the one it serves (or the watch broke).
+async fn socket_lost(watch: &mut DirWatch, generation: &Generation) {
+    loop {
+        let events = watch.next().await;
+        if events.is_err() || uds::identity(&generation.socket) != generation.identity {
+            return;
         }
     }
 }

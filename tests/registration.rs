@@ -79,6 +79,31 @@ async fn a_kubelet_socket_that_listens_late_is_registered_with_at_once() {
 }
 
 #[tokio::test]
+async fn a_kubelet_that_clears_the_dir_while_the_plugin_dials_it_is_registered_with_at_once() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&[]);
+    h.registered_and_logged().await;
+    // The plugin serves a new socket and dials the old kubelet.sock while the kubelet is down;
+    // the new kubelet's start-up cleanup then deletes that socket, so its dial-back would fail
+    // and Register hang for 10 s unless the plugin notices and serves the socket again.
+    h.kubelet
+        .restart_after(Duration::from_millis(300))
+        .await
+        .unwrap();
+    let up = Instant::now();
+    h.wait("a healthy device list", |v| {
+        v.stream_open && v.healthy() == 4
+    })
+    .await;
+    let took = up.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?}\n{}",
+        h.plugin_log()
+    );
+}
+
+#[tokio::test]
 async fn a_kubelet_that_keeps_ending_streams_gets_growing_pauses_and_few_log_lines() {
     let mut h = Harness::new(Shape::P4d);
     h.kubelet.reject_streams(true);

@@ -361,20 +361,6 @@ allocated_ids() {
 		paste -sd' '
 }
 
-# "c MAJOR MINOR NAME" for each entry of a busybox `ls -l` listing.
-listing_entries() {
-	awk '$1 != "total" && NF >= 6 { t = substr($1, 1, 1); maj = $5; sub(",", "", maj); print t, maj, $6, $NF }' | sort
-}
-
-# What /dev/infiniband must hold for the given device IDs.
-expected_entries() {
-	local id i
-	for id in "$@"; do
-		i=$(efa_index "$id") || return 1
-		echo "c $UVERBS_MAJOR $((UVERBS_MINOR_BASE + i)) uverbs$i"
-	done | sort
-}
-
 # workload NAME KIND COUNT: a Job (KIND=job) or a long-running Pod (KIND=pod)
 # whose container lists /dev/infiniband and prints FI_PROVIDER, then waits:
 # the Job long enough for its allocation to be read, the Pod until deleted.

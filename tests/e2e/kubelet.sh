@@ -216,20 +216,6 @@ all_ids() {
 	for i in "${!EFA_BUSES[@]}"; do efa_id "$i"; done | paste -sd' '
 }
 
-# "c MAJOR MINOR NAME" for each entry of a busybox `ls -l` listing.
-listing_entries() {
-	awk '$1 != "total" { t = substr($1, 1, 1); maj = $5; sub(",", "", maj); print t, maj, $6, $NF }' "$1" | sort
-}
-
-# What /dev/infiniband must hold for the given device IDs.
-expected_entries() {
-	local id i
-	for id in "$@"; do
-		i=$(efa_index "$id") || return 1
-		echo "c $UVERBS_MAJOR $((UVERBS_MINOR_BASE + i)) uverbs$i"
-	done | sort
-}
-
 # wait_pod_running NAME COUNT: the pod runs, the checkpoint gives it COUNT
 # devices, and its container saw exactly their nodes. Sets POD_IDS.
 wait_pod_running() {
@@ -248,7 +234,7 @@ wait_pod_running() {
 		REASON="pod $name wrote no listing of /dev/infiniband"
 		return 1
 	fi
-	got=$(listing_entries "$T/out/$name/ls")
+	got=$(listing_entries <"$T/out/$name/ls")
 	want=$(expected_entries "${POD_IDS[@]}")
 	if [[ $got != "$want" ]]; then
 		REASON="pod $name sees [$(paste -sd';' <<<"$got")] in /dev/infiniband, want [$(paste -sd';' <<<"$want")]; raw: $(paste -sd'|' "$T/out/$name/ls")"
@@ -365,7 +351,7 @@ case_e() {
 		REASON="pod b stopped refreshing its listing after plugin restart"
 		return 1
 	fi
-	listing=$(listing_entries "$T/out/b/now")
+	listing=$(listing_entries <"$T/out/b/now")
 	if [[ $listing != "$b_ids" ]]; then
 		REASON="pod b now sees [$(paste -sd';' <<<"$listing")], had [$(paste -sd';' <<<"$b_ids")]"
 		return 1

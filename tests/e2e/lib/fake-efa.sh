@@ -58,3 +58,19 @@ make_fake_efa_host() {
 		make_uverbs_node "$dev" "$i"
 	done
 }
+
+# "c MAJOR MINOR NAME" for each entry of a busybox `ls -l` listing on stdin;
+# other output lines are skipped.
+listing_entries() {
+	awk '$1 != "total" && NF >= 6 { t = substr($1, 1, 1); maj = $5; sub(",", "", maj); print t, maj, $6, $NF }' | sort
+}
+
+# What /dev/infiniband must hold for the given device IDs, as listing_entries
+# prints it.
+expected_entries() {
+	local id i
+	for id in "$@"; do
+		i=$(efa_index "$id") || return 1
+		echo "c $UVERBS_MAJOR $((UVERBS_MINOR_BASE + i)) uverbs$i"
+	done | sort
+}
