@@ -28,7 +28,11 @@ pub struct Guard {
     pub interval: Duration,
     pub state: DeviceState,
     last_logged: Option<Instant>,
+    /// How the dir is searched; a field only so a test can stand in for a slow listing.
+    find: Finder,
 }
+
+type Finder = fn(&Path, &[String]) -> Option<(String, PathBuf)>;
 
 /// The first socket in `dir` whose file name starts with one of `drivers`, as `(driver, path)`.
 pub fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, PathBuf)> {
@@ -55,6 +59,7 @@ impl Guard {
             interval,
             state,
             last_logged: None,
+            find: find_driver,
         }
     }
 
@@ -62,9 +67,8 @@ impl Guard {
     /// reminds of an ongoing one once a minute. The listing runs on the blocking pool: a
     /// crowded or slow dir must not stall the RPCs and probes that share the runtime thread.
     pub async fn refresh(&mut self) {
-        let (dir, drivers) = (self.dir.clone(), self.drivers.clone());
-        let Ok(found) = tokio::task::spawn_blocking(move || find_driver(&dir, &drivers)).await
-        else {
+        let (dir, drivers, find) = (self.dir.clone(), self.drivers.clone(), self.find);
+        let Ok(found) = tokio::task::spawn_blocking(move || find(&dir, &drivers)).await else {
             return;
         };
         let conflict = found.map(|(driver, socket)| {
@@ -133,6 +137,40 @@ async fn next_change(watch: &mut Option<DirWatch>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Mutex, mpsc};
+
+    static GATE: Mutex<Option<mpsc::Receiver<()>>> = Mutex::new(None);
+    static RELEASED: AtomicBool = AtomicBool::new(false);
+
+    /// A listing that lasts until a task on the runtime thread releases it: were it run on
+    /// that thread, the task could not run and the listing would give up after 5 s.
+    fn gated_find(_: &Path, _: &[String]) -> Option<(String, PathBuf)> {
+        let gate = GATE.lock().unwrap().take().expect("gate set");
+        let released = gate.recv_timeout(Duration::from_secs(5)).is_ok();
+        RELEASED.store(released, Ordering::SeqCst);
+        None
+    }
+
+    #[tokio::test]
+    async fn a_slow_listing_leaves_the_runtime_thread_free() {
+        let (release, gate) = mpsc::channel();
+        *GATE.lock().unwrap() = Some(gate);
+        let mut guard = Guard::new(
+            PathBuf::from("/nonexistent"),
+            vec!["dra.net".into()],
+            Duration::from_secs(1),
+            DeviceState::default(),
+        );
+        guard.find = gated_find;
+        let releaser = tokio::spawn(async move { release.send(()).unwrap() });
+        guard.refresh().await;
+        releaser.await.unwrap();
+        assert!(
+            RELEASED.load(Ordering::SeqCst),
+            "the listing blocked the runtime thread"
+        );
+    }
 
     #[test]
     fn only_sockets_named_after_a_listed_driver_count() {

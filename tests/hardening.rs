@@ -109,6 +109,39 @@ async fn a_connection_that_never_finishes_its_request_is_dropped() {
 }
 
 #[tokio::test]
+async fn a_busy_kept_alive_connection_ends_at_the_connection_deadline() {
+    let mut h = Harness::new(Shape::G5);
+    h.spawn_plugin(&[]);
+    let address = h.metrics_address().await;
+    let mut stream = TcpStream::connect(address).await.unwrap();
+    let opened = Instant::now();
+    // A request a second never leaves the connection idle for the 2 s timeout, so only the
+    // 10 s whole-connection deadline can end it.
+    let mut answered = 0;
+    let closed_after = loop {
+        if opened.elapsed() > Duration::from_secs(15) {
+            panic!("still open after 15 s and {answered} answers");
+        }
+        let written = stream
+            .write_all(b"GET /healthz HTTP/1.1\r\nHost: plugin\r\n\r\n")
+            .await;
+        let mut answer = [0u8; 512];
+        match tokio::time::timeout(Duration::from_secs(3), stream.read(&mut answer)).await {
+            Ok(Ok(n)) if n > 0 && written.is_ok() => {
+                assert!(answer[..n].starts_with(b"HTTP/1.1 200"));
+                answered += 1;
+            }
+            _ => break opened.elapsed(),
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert!(
+        closed_after >= Duration::from_secs(9) && answered >= 8,
+        "closed after {closed_after:?} and {answered} answers"
+    );
+}
+
+#[tokio::test]
 async fn an_idle_kept_alive_connection_gives_its_slot_back() {
     let mut h = Harness::new(Shape::G5);
     h.spawn_plugin(&[]);
