@@ -56,6 +56,14 @@ fn resolve(id: &Id, advertised: &[String]) -> String {
     }
 }
 
+/// The first `most` of `ids`, each made a request ID.
+fn resolve_all(ids: &[Id], most: usize, advertised: &[String]) -> Vec<String> {
+    ids.iter()
+        .take(most)
+        .map(|id| resolve(id, advertised))
+        .collect()
+}
+
 fuzz_target!(|input: Input| {
     let shape = SHAPES[usize::from(input.shape) % SHAPES.len()];
     // Bounded so one input stays fast; the size of an answer is the benchmarks' business.
@@ -96,11 +104,7 @@ fuzz_target!(|input: Input| {
             .iter()
             .take(16)
             .map(|ids| ContainerAllocateRequest {
-                devices_ids: ids
-                    .iter()
-                    .take(256)
-                    .map(|id| resolve(id, &advertised))
-                    .collect(),
+                devices_ids: resolve_all(ids, 256, &advertised),
             })
             .collect(),
     };
@@ -125,18 +129,8 @@ fuzz_target!(|input: Input| {
             .iter()
             .take(4)
             .map(|c| ContainerPreferredAllocationRequest {
-                available_device_i_ds: c
-                    .available
-                    .iter()
-                    .take(512)
-                    .map(|id| resolve(id, &advertised))
-                    .collect(),
-                must_include_device_i_ds: c
-                    .must_include
-                    .iter()
-                    .take(64)
-                    .map(|id| resolve(id, &advertised))
-                    .collect(),
+                available_device_i_ds: resolve_all(&c.available, 512, &advertised),
+                must_include_device_i_ds: resolve_all(&c.must_include, 64, &advertised),
                 allocation_size: c.size.clamp(-1, 1024),
             })
             .collect(),
