@@ -74,6 +74,9 @@ pub struct Lifecycle {
 enum Attempt {
     Registered(Generation),
     Failed(anyhow::Error),
+    /// A starting kubelet deleted the socket while we registered: its dir is clean now, so the
+    /// next attempt goes at once rather than after a pause.
+    SocketLost,
     Shutdown,
 }
 
@@ -145,6 +148,12 @@ impl Lifecycle {
             let generation = match self.attempt(&mut watch, &shutdown).await {
                 Attempt::Registered(generation) => generation,
                 Attempt::Shutdown => return Ok(()),
+                Attempt::SocketLost => {
+                    tracing::info!(
+                        "a starting kubelet removed the plugin socket; serving it again"
+                    );
+                    continue;
+                }
                 Attempt::Failed(err) => {
                     tracing::warn!(error = %format!("{err:#}"), retry_in = ?retry, "registration with the kubelet failed");
                     if !self
@@ -235,7 +244,8 @@ impl Lifecycle {
             // A kubelet that starts while we dial its old socket deletes ours first; its
             // dial-back would then fail, and Register hang until the timeout.
             () = socket_lost(watch, &generation) => {
-                Err(anyhow::anyhow!("the plugin socket was removed while registering"))
+                generation.stop().await;
+                return Attempt::SocketLost;
             }
         };
         match registered {
