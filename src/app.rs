@@ -10,15 +10,17 @@ use tokio_util::sync::CancellationToken;
 
 use prometheus_client::metrics::counter::Counter;
 
+use crate::allocation::metrics::AllocationMetrics;
 use crate::allocation::{Allocator, Contributor, DeviceNodes, Environment};
 use crate::cdi::{self, CdiDevices, Kind, SpecSettings};
 use crate::config::{DeviceListStrategy, Settings};
 use crate::conflict::Guard;
 use crate::health::{Monitor, ScanStats};
-use crate::lifecycle::{Lifecycle, PluginStatus};
+use crate::lifecycle::Lifecycle;
 use crate::state::DeviceState;
+use crate::state::PluginStatus;
 use crate::telemetry::http::{self, Endpoint};
-use crate::telemetry::metrics::{AllocationMetrics, Metrics};
+use crate::telemetry::metrics::Metrics;
 use crate::telemetry::pod_resources::PodResources;
 
 /// Handles a caller keeps on a running plugin.

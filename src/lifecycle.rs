@@ -25,7 +25,7 @@ use crate::proto::deviceplugin::{
     registration_client::RegistrationClient,
 };
 use crate::service::{PluginService, StreamHooks};
-use crate::state::DeviceState;
+use crate::state::{DeviceState, PluginStatus};
 use crate::uds::{self, FileIdentity};
 
 /// File name of the plugin's socket inside the device-plugin dir.
@@ -44,15 +44,6 @@ const REFUSED_PATIENCE: Duration = Duration::from_secs(1);
 const STABLE_AFTER: Duration = Duration::from_secs(3);
 /// Longest pause between registrations while the kubelet keeps ending streams at once.
 const CHURN_CAP: Duration = Duration::from_secs(30);
-
-/// What the rest of the process may know about the registration.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PluginStatus {
-    pub registered: bool,
-    pub open_streams: usize,
-    pub registrations: u64,
-    pub kubelet_restarts: u64,
-}
 
 /// Why a registration ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

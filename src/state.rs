@@ -205,6 +205,16 @@ impl Observation {
     }
 }
 
+/// What the rest of the process may know about the registration: written by the lifecycle,
+/// read by the probes and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PluginStatus {
+    pub registered: bool,
+    pub open_streams: usize,
+    pub registrations: u64,
+    pub kubelet_restarts: u64,
+}
+
 /// Owner of the device snapshot.
 #[derive(Clone)]
 pub struct DeviceState {

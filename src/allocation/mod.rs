@@ -6,6 +6,7 @@
 //! [`crate::cdi::CdiDevices`] alone. Which IDs to prefer is [`preferred`]'s business; what an ID
 //! means when EFAs are shared, [`sharing`]'s.
 
+pub mod metrics;
 pub mod preferred;
 pub mod sharing;
 
@@ -21,7 +22,7 @@ use crate::proto::deviceplugin::{
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
 use crate::state::Inventory;
-use crate::telemetry::metrics::AllocationMetrics;
+use metrics::AllocationMetrics;
 use sharing::Sharing;
 
 /// Where the container finds a device node. It must equal the host's own path, because

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::metrics::{self, Metrics};
 use crate::health::ScanStats;
-use crate::lifecycle::PluginStatus;
+use crate::state::PluginStatus;
 
 /// At most this many connections are served at once; one more is closed as soon as it is
 /// accepted. Prometheus and the kubelet's two probes need a handful, and 64 of hyper's

@@ -8,59 +8,23 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
-use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use super::counters::{CounterFiles, DeviceCounters};
 use super::pod_resources::{Holders, PodResources};
+use crate::allocation::metrics::AllocationMetrics;
 use crate::health::ScanStats;
-use crate::lifecycle::PluginStatus;
-use crate::state::DeviceState;
+use crate::state::{DeviceState, PluginStatus};
 
 /// The `Content-Type` of what [`Metrics::render`] returns.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-type ResultLabel = [(&'static str, &'static str); 1];
-
-/// What the Allocate path records: one counter increment and one histogram sample per call.
-#[derive(Clone)]
-pub struct AllocationMetrics {
-    outcomes: Family<ResultLabel, Counter>,
-    duration: Histogram,
-}
-
-impl Default for AllocationMetrics {
-    fn default() -> Self {
-        let outcomes = Family::default();
-        // Both series exist from the start, so `rate()` sees the first error as a change.
-        for result in ["ok", "error"] {
-            let _ = outcomes.get_or_create(&[("result", result)]);
-        }
-        AllocationMetrics {
-            outcomes,
-            // Allocate answers from memory in microseconds; the upper buckets catch a starved
-            // runtime. 25 µs … ~0.4 s.
-            duration: Histogram::new(exponential_buckets(25e-6, 4.0, 8)),
-        }
-    }
-}
-
-impl AllocationMetrics {
-    pub fn record(&self, ok: bool, elapsed: Duration) {
-        let result = if ok { "ok" } else { "error" };
-        self.outcomes.get_or_create(&[("result", result)]).inc();
-        self.duration.observe(elapsed.as_secs_f64());
-    }
-}
 
 /// Everything `/metrics` shows.
 pub struct Metrics {
@@ -81,16 +45,7 @@ impl Metrics {
         pods: Option<PodResources>,
     ) -> Self {
         let mut registry = Registry::default();
-        registry.register(
-            "efa_device_plugin_allocations",
-            "Allocate calls answered, by result",
-            allocations.outcomes.clone(),
-        );
-        registry.register(
-            "efa_device_plugin_allocate_duration_seconds",
-            "Time to answer an Allocate call",
-            allocations.duration.clone(),
-        );
+        allocations.register(&mut registry);
         registry.register_collector(Box::new(PluginCollector {
             state: state.clone(),
             status,
