@@ -97,7 +97,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     let state = DeviceState::default();
     state.apply(health::observe(&h.node.sysfs, &h.node.dev, true).records);
     let metrics = Metrics::new(
-        state,
+        state.reader(),
         tokio::sync::watch::channel(PluginStatus::default()).1,
         &AllocationMetrics::default(),
         Arc::new(ScanStats::new(Duration::from_secs(5))),

@@ -95,7 +95,7 @@ impl Plugin {
             tasks.push(tokio::spawn(crate::nfd::run(
                 path.clone(),
                 settings.rescan_interval,
-                self.state.clone(),
+                self.state.reader(),
                 shutdown.clone(),
             )));
         }
@@ -122,7 +122,7 @@ impl Plugin {
                     spec.settings,
                     settings.rescan_interval,
                     spec.failures,
-                    self.state.clone(),
+                    self.state.reader(),
                     shutdown.clone(),
                 )));
                 vec![Box::new(contributor), environment]
@@ -131,7 +131,7 @@ impl Plugin {
         let lifecycle = Lifecycle {
             dir: settings.device_plugin_dir.clone(),
             resource_name: settings.resource_name.clone(),
-            state: self.state.clone(),
+            state: self.state.reader(),
             allocator: Arc::new(
                 Allocator::new(contributors)
                     .with_sharing(settings.sharing)
@@ -162,7 +162,7 @@ impl Plugin {
         let bound = listener.local_addr()?;
         tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
         let mut metrics = Metrics::new(
-            self.state.clone(),
+            self.state.reader(),
             self.status.subscribe(),
             allocations,
             scans.clone(),

@@ -21,7 +21,7 @@ use crate::allocation::sharing::Sharing;
 use crate::allocation::{Allocated, CONTAINER_NODE_DIR, Contributor};
 use crate::hostfile::HostFile;
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
-use crate::state::{DeviceState, Inventory};
+use crate::state::{DeviceReader, Inventory};
 
 /// The spec's kind is the resource name, so several resources of one node never share a file or
 /// a device name space.
@@ -215,7 +215,7 @@ pub async fn run(
     settings: SpecSettings,
     retry: Duration,
     failures: Counter,
-    state: DeviceState,
+    state: DeviceReader,
     shutdown: CancellationToken,
 ) {
     let file = HostFile {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::{DeviceState, Inventory};
+use crate::state::{DeviceReader, Inventory};
 
 /// One file that mirrors the snapshot.
 pub struct HostFile {
@@ -33,7 +33,7 @@ impl HostFile {
     /// retried.
     pub async fn follow(
         self,
-        state: DeviceState,
+        state: DeviceReader,
         render: impl Fn(&Inventory) -> Option<String>,
         shutdown: CancellationToken,
     ) {
@@ -126,6 +126,7 @@ pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
 mod tests {
     use super::*;
     use crate::simulate::{Shape, inventory};
+    use crate::state::DeviceState;
 
     async fn wait_until(what: &str, done: impl Fn() -> bool) {
         for _ in 0..500 {
@@ -155,7 +156,7 @@ mod tests {
         state.apply(inventory(Shape::P4d).devices().cloned().collect());
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(file.follow(
-            state.clone(),
+            state.reader(),
             |inventory| Some(inventory.devices().len().to_string()),
             shutdown.clone(),
         ));

@@ -25,7 +25,7 @@ use crate::proto::deviceplugin::{
     registration_client::RegistrationClient,
 };
 use crate::service::{PluginService, StreamHooks};
-use crate::state::{DeviceState, PluginStatus};
+use crate::state::{DeviceReader, PluginStatus};
 use crate::uds::{self, FileIdentity};
 
 /// File name of the plugin's socket inside the device-plugin dir.
@@ -57,7 +57,7 @@ enum Ending {
 pub struct Lifecycle {
     pub dir: PathBuf,
     pub resource_name: String,
-    pub state: DeviceState,
+    pub state: DeviceReader,
     pub allocator: Arc<Allocator>,
     pub status: Arc<watch::Sender<PluginStatus>>,
 }

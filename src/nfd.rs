@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::hostfile::HostFile;
-use crate::state::{DeviceState, Inventory};
+use crate::state::{DeviceReader, Inventory};
 
 /// The feature file for this inventory: capacity (every device the kubelet is told about), the
 /// NUMA nodes the EFAs sit on, and their PCI device models (`efa1`, `efa2`, ...).
@@ -47,7 +47,7 @@ pub fn render(inventory: &Inventory) -> String {
 
 /// Keeps `path` current with the device state until `shutdown`, then removes it; a failed
 /// write is tried again every `retry`.
-pub async fn run(path: PathBuf, retry: Duration, state: DeviceState, shutdown: CancellationToken) {
+pub async fn run(path: PathBuf, retry: Duration, state: DeviceReader, shutdown: CancellationToken) {
     let file = HostFile {
         path,
         what: "NFD feature file",
@@ -63,6 +63,7 @@ mod tests {
     use super::*;
     use crate::health;
     use crate::simulate::{FakeNode, Nodes, Shape};
+    use crate::state::DeviceState;
 
     fn inventory(shape: Shape) -> Inventory {
         let root = tempfile::tempdir().unwrap();
@@ -111,7 +112,7 @@ mod tests {
         let path = features.join("efa");
         let state = DeviceState::default();
         let shutdown = CancellationToken::new();
-        let task = tokio::spawn(run(path.clone(), RETRY, state.clone(), shutdown.clone()));
+        let task = tokio::spawn(run(path.clone(), RETRY, state.reader(), shutdown.clone()));
         tokio::time::sleep(Duration::from_secs(1)).await;
         assert!(!path.exists());
         std::fs::remove_file(&features).unwrap();
@@ -134,7 +135,7 @@ mod tests {
         let task = tokio::spawn(run(
             path.clone(),
             std::time::Duration::from_secs(1),
-            state.clone(),
+            state.reader(),
             shutdown.clone(),
         ));
         let wait_for = |needle: &'static str| {

@@ -1,9 +1,11 @@
 //! The one place device state lives: a `tokio::sync::watch` snapshot.
 //!
 //! The health monitor writes what it observes and the DRA-conflict guard whether another driver
-//! owns the devices; both are inputs of this one snapshot. Every ListAndWatch stream, the Allocate path, the
-//! metrics endpoint and `list` read the latest snapshot, so a stream that starts after a change
-//! still sees it: nothing is handed over through channels that a dead stream could swallow.
+//! owns the devices; both are inputs of this one snapshot and the only holders of its writer,
+//! [`DeviceState`]. Every ListAndWatch stream, the Allocate path, the metrics endpoint and the
+//! files that mirror the devices hold a [`DeviceReader`] and read the latest snapshot, so a
+//! stream that starts after a change still sees it: nothing is handed over through channels
+//! that a dead stream could swallow.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -215,27 +217,48 @@ pub struct PluginStatus {
     pub kubelet_restarts: u64,
 }
 
-/// Owner of the device snapshot.
+/// The snapshot's writer: only the health monitor and the DRA-conflict guard hold one. Everyone
+/// else gets a [`DeviceReader`], so the compiler checks that they only read.
 #[derive(Clone)]
 pub struct DeviceState {
+    shared: DeviceReader,
+}
+
+/// Read-only access to the snapshot, for the kubelet service, telemetry and the files that
+/// mirror the devices.
+#[derive(Clone)]
+pub struct DeviceReader {
     tx: Arc<watch::Sender<Arc<Inventory>>>,
 }
 
-impl Default for DeviceState {
-    fn default() -> Self {
-        DeviceState {
-            tx: Arc::new(watch::Sender::new(Arc::default())),
-        }
-    }
-}
-
-impl DeviceState {
+impl DeviceReader {
+    /// A receiver that has seen the current snapshot and wakes on the next real change.
     pub fn subscribe(&self) -> watch::Receiver<Arc<Inventory>> {
         self.tx.subscribe()
     }
 
     pub fn current(&self) -> Arc<Inventory> {
         self.tx.borrow().clone()
+    }
+}
+
+impl Default for DeviceState {
+    fn default() -> Self {
+        DeviceState {
+            shared: DeviceReader {
+                tx: Arc::new(watch::Sender::new(Arc::default())),
+            },
+        }
+    }
+}
+
+impl DeviceState {
+    pub fn reader(&self) -> DeviceReader {
+        self.shared.clone()
+    }
+
+    pub fn current(&self) -> Arc<Inventory> {
+        self.shared.current()
     }
 
     /// Applies a complete observation; readers are woken only when something actually changed.
@@ -246,7 +269,7 @@ impl DeviceState {
     /// Applies an observation, complete or not; readers are woken only on real change.
     pub fn apply_observation(&self, observation: Observation) -> Vec<Change> {
         let mut changes = Vec::new();
-        self.tx.send_if_modified(|current| {
+        self.shared.tx.send_if_modified(|current| {
             let (next, found) = current.fold(observation);
             changes = found;
             if next == **current {
@@ -261,7 +284,7 @@ impl DeviceState {
     /// Sets or clears the reason every device is withheld from allocation; returns whether
     /// that changed.
     pub fn set_conflict(&self, conflict: Option<String>) -> bool {
-        self.tx.send_if_modified(|current| {
+        self.shared.tx.send_if_modified(|current| {
             if current.conflict == conflict {
                 return false;
             }
@@ -419,7 +442,7 @@ mod tests {
     #[test]
     fn readers_wake_only_on_real_changes() {
         let state = DeviceState::default();
-        let mut reader = state.subscribe();
+        let mut reader = state.reader().subscribe();
         state.apply(vec![record("a", Verdict::healthy())]);
         assert!(reader.has_changed().unwrap());
         reader.borrow_and_update();

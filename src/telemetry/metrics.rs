@@ -21,7 +21,7 @@ use super::counters::{CounterFiles, DeviceCounters};
 use super::pod_resources::{Holders, PodResources};
 use crate::allocation::metrics::AllocationMetrics;
 use crate::health::ScanStats;
-use crate::state::{DeviceState, PluginStatus};
+use crate::state::{DeviceReader, PluginStatus};
 
 /// The `Content-Type` of what [`Metrics::render`] returns.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -29,7 +29,7 @@ pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// Everything `/metrics` shows.
 pub struct Metrics {
     registry: Registry,
-    state: DeviceState,
+    state: DeviceReader,
     counters: Arc<CounterFiles>,
     /// `None` when counters carry no pod labels: the kubelet is then never asked.
     pods: Option<PodResources>,
@@ -37,7 +37,7 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new(
-        state: DeviceState,
+        state: DeviceReader,
         status: watch::Receiver<PluginStatus>,
         allocations: &AllocationMetrics,
         scans: Arc<ScanStats>,
@@ -102,7 +102,7 @@ impl Metrics {
 
 /// Reads device health and registration figures from the live state at scrape time.
 struct PluginCollector {
-    state: DeviceState,
+    state: DeviceReader,
     status: watch::Receiver<PluginStatus>,
     scans: Arc<ScanStats>,
 }
