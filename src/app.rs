@@ -1,11 +1,12 @@
 //! Wires the modules into a running plugin.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
+use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use prometheus_client::metrics::counter::Counter;
@@ -70,10 +71,11 @@ impl Plugin {
             self.state.clone(),
         )
         .with_regular_files(settings.test_only_regular_file_nodes);
+        let mut tasks = Tasks::default();
         // Bound before anything else starts, so a taken port fails the start with one line.
-        let endpoint = match settings.metrics_address {
-            Some(address) => Some(
-                self.endpoint(
+        if let Some(address) = settings.metrics_address {
+            let endpoint = self
+                .endpoint(
                     settings,
                     &allocations,
                     cdi.as_ref().map(|spec| spec.failures.clone()),
@@ -81,23 +83,26 @@ impl Plugin {
                     address,
                     &shutdown,
                 )
-                .await?,
-            ),
-            None => None,
-        };
+                .await?;
+            tasks.spawn("metrics endpoint", endpoint);
+        }
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
         crate::service::check_list_fits(&self.state.current(), settings.sharing)?;
-        let mut tasks = vec![tokio::spawn(monitor.run(shutdown.clone()))];
-        tasks.extend(endpoint);
-        tasks.extend(self.start_guard(settings, &shutdown).await);
+        tasks.spawn("health monitor", monitor.run(shutdown.clone()));
+        if let Some(guard) = self.start_guard(settings).await {
+            tasks.spawn("DRA-conflict guard", guard.run(shutdown.clone()));
+        }
         if let Some(path) = &settings.nfd_features_file {
-            tasks.push(tokio::spawn(crate::nfd::run(
-                path.clone(),
-                settings.rescan_interval,
-                self.state.reader(),
-                shutdown.clone(),
-            )));
+            tasks.spawn(
+                "NFD feature file writer",
+                crate::nfd::run(
+                    path.clone(),
+                    settings.rescan_interval,
+                    self.state.reader(),
+                    shutdown.clone(),
+                ),
+            );
         }
         // The env goes into every Allocate answer in both modes: in cdi mode the spec's container
         // edits carry it as well, and the kubelet's checkpoint then records it either way.
@@ -117,14 +122,17 @@ impl Plugin {
                 };
                 // The writer's first attempt runs at the lifecycle's first await, on this one
                 // runtime thread: before the kubelet can even register, let alone allocate.
-                tasks.push(tokio::spawn(cdi::run(
-                    settings.cdi_spec_dir.clone(),
-                    spec.settings,
-                    settings.rescan_interval,
-                    spec.failures,
-                    self.state.reader(),
-                    shutdown.clone(),
-                )));
+                tasks.spawn(
+                    "CDI spec writer",
+                    cdi::run(
+                        settings.cdi_spec_dir.clone(),
+                        spec.settings,
+                        settings.rescan_interval,
+                        spec.failures,
+                        self.state.reader(),
+                        shutdown.clone(),
+                    ),
+                );
                 vec![Box::new(contributor), environment]
             }
         };
@@ -139,12 +147,19 @@ impl Plugin {
             ),
             status: self.status.clone(),
         };
-        let result = lifecycle.run(shutdown.clone()).await;
+        let registration = lifecycle.run(shutdown.clone());
+        tokio::pin!(registration);
+        let outcome = tokio::select! {
+            result = &mut registration => result,
+            failed = tasks.first_failure(&shutdown) => {
+                tracing::error!(error = %failed, "stopping the plugin");
+                shutdown.cancel();
+                registration.await.and(Err(failed))
+            }
+        };
         shutdown.cancel();
-        for task in tasks {
-            let _ = task.await;
-        }
-        result
+        tasks.stop().await;
+        outcome
     }
 
     async fn endpoint(
@@ -155,7 +170,7 @@ impl Plugin {
         scans: Arc<ScanStats>,
         address: std::net::SocketAddr,
         shutdown: &CancellationToken,
-    ) -> anyhow::Result<JoinHandle<()>> {
+    ) -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
         let listener = TcpListener::bind(address)
             .await
             .with_context(|| format!("--metrics-address {address}"))?;
@@ -187,20 +202,12 @@ impl Plugin {
             scans,
             stopped: shutdown.clone(),
         });
-        Ok(tokio::spawn(http::serve(
-            listener,
-            endpoint,
-            shutdown.clone(),
-        )))
+        Ok(http::serve(listener, endpoint, shutdown.clone()))
     }
 
     /// The conflict is in the state before the kubelet can see a device, so no EFA is
     /// advertised as allocatable while a DRA driver owns them.
-    async fn start_guard(
-        &self,
-        settings: &Settings,
-        shutdown: &CancellationToken,
-    ) -> Option<JoinHandle<()>> {
+    async fn start_guard(&self, settings: &Settings) -> Option<Guard> {
         if settings.allow_dra_coexistence {
             return None;
         }
@@ -211,8 +218,66 @@ impl Plugin {
             self.state.clone(),
         );
         guard.refresh().await;
-        Some(tokio::spawn(guard.run(shutdown.clone())))
+        Some(guard)
     }
+}
+
+/// The plugin's long-running tasks. Each runs until shutdown, so one that ends sooner, by
+/// returning or by panicking, has left the plugin without a part it needs.
+#[derive(Default)]
+struct Tasks {
+    set: JoinSet<()>,
+    names: HashMap<Id, &'static str>,
+}
+
+impl Tasks {
+    fn spawn(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        let id = self.set.spawn(task).id();
+        self.names.insert(id, name);
+    }
+
+    /// Waits for the first task to fail and says which and how: to panic, or to end before
+    /// `shutdown`. Never resolves while every task runs or has stopped as asked.
+    async fn first_failure(&mut self, shutdown: &CancellationToken) -> anyhow::Error {
+        while let Some(ended) = self.set.join_next_with_id().await {
+            if ended.is_err() || !shutdown.is_cancelled() {
+                return anyhow::anyhow!(self.describe(ended));
+            }
+        }
+        std::future::pending().await
+    }
+
+    /// After shutdown: waits for every task, logging any that failed rather than stopped.
+    async fn stop(mut self) {
+        while let Some(ended) = self.set.join_next_with_id().await {
+            if ended.is_err() {
+                tracing::error!(error = %self.describe(ended), "a task failed while stopping");
+            }
+        }
+    }
+
+    fn describe(&self, ended: Result<(Id, ()), tokio::task::JoinError>) -> String {
+        match ended {
+            Ok((id, ())) => format!("the {} stopped unexpectedly", self.name(id)),
+            Err(err) => format!("the {} failed: {}", self.name(err.id()), panic_message(err)),
+        }
+    }
+
+    fn name(&self, id: Id) -> &'static str {
+        self.names.get(&id).copied().unwrap_or("task")
+    }
+}
+
+fn panic_message(err: tokio::task::JoinError) -> String {
+    if !err.is_panic() {
+        return err.to_string();
+    }
+    let payload = err.into_panic();
+    payload
+        .downcast_ref::<&str>()
+        .map(|text| (*text).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "panicked".to_owned())
 }
 
 /// The cdi strategy's spec file, before its writer starts.
@@ -265,4 +330,55 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
     });
     runtime.shutdown_timeout(BLOCKING_GRACE);
     outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_task_that_ends_before_shutdown_is_named() {
+        let shutdown = CancellationToken::new();
+        let mut tasks = Tasks::default();
+        let until_shutdown = shutdown.clone();
+        tasks.spawn(
+            "health monitor",
+            async move { until_shutdown.cancelled().await },
+        );
+        tasks.spawn("NFD feature file writer", async {});
+        assert_eq!(
+            tasks.first_failure(&shutdown).await.to_string(),
+            "the NFD feature file writer stopped unexpectedly"
+        );
+        shutdown.cancel();
+        tasks.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_panicking_task_is_named_with_its_message() {
+        let shutdown = CancellationToken::new();
+        let mut tasks = Tasks::default();
+        tasks.spawn("CDI spec writer", async { panic!("disk on fire") });
+        assert_eq!(
+            tasks.first_failure(&shutdown).await.to_string(),
+            "the CDI spec writer failed: disk on fire"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tasks_that_stop_on_shutdown_have_not_failed() {
+        let shutdown = CancellationToken::new();
+        let mut tasks = Tasks::default();
+        for name in ["health monitor", "metrics endpoint"] {
+            let until_shutdown = shutdown.clone();
+            tasks.spawn(name, async move { until_shutdown.cancelled().await });
+        }
+        shutdown.cancel();
+        let waited = tokio::time::timeout(
+            std::time::Duration::from_secs(3600),
+            tasks.first_failure(&shutdown),
+        )
+        .await;
+        assert!(waited.is_err(), "no failure: {waited:?}");
+    }
 }

@@ -68,8 +68,13 @@ impl Guard {
     /// crowded or slow dir must not stall the RPCs and probes that share the runtime thread.
     pub async fn refresh(&mut self) {
         let (dir, drivers, find) = (self.dir.clone(), self.drivers.clone(), self.find);
-        let Ok(found) = tokio::task::spawn_blocking(move || find(&dir, &drivers)).await else {
-            return;
+        let found = match tokio::task::spawn_blocking(move || find(&dir, &drivers)).await {
+            Ok(found) => found,
+            Err(err) => {
+                // The last verdict stands until a later pass gets through.
+                tracing::error!(error = %err, "looking for DRA drivers failed");
+                return;
+            }
         };
         let conflict = found.map(|(driver, socket)| {
             format!(

@@ -87,7 +87,8 @@ impl Generation {
         let mut server = self.server;
         match tokio::time::timeout(STOP_TIMEOUT, &mut server).await {
             Ok(Ok(Err(err))) => tracing::error!(error = %err, "plugin gRPC server failed"),
-            Ok(_) => {}
+            Ok(Err(err)) => tracing::error!(error = %err, "plugin gRPC server task failed"),
+            Ok(Ok(Ok(()))) => {}
             Err(_) => server.abort(),
         }
         self.status_relay.abort();

@@ -107,7 +107,11 @@ pub async fn serve(listener: TcpListener, endpoint: Arc<Endpoint>, shutdown: Can
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(ended) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(err) = ended {
+                    tracing::error!(error = %err, "a metrics connection failed");
+                }
+            }
             accepted = listener.accept() => {
                 let stream = match accepted {
                     Ok((stream, _)) => stream,

@@ -92,7 +92,10 @@ impl Metrics {
             None => Holders::new(),
         };
         let _ = holders_tx.send(holders);
-        let hardware = hardware.await.unwrap_or_default();
+        let hardware = hardware.await.unwrap_or_else(|err| {
+            tracing::error!(error = %err, "reading the EFA hardware counters failed; this scrape has none");
+            String::new()
+        });
         let mut text = String::with_capacity(hardware.len() + 4096);
         let _ = prometheus_text::encode(&mut text, &self.registry);
         text.push_str(&hardware);
