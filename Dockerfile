@@ -35,7 +35,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target,id=efa-device-plugin-target-${TARGETARCH} \
     set -eu; \
     triple="$(cat /rust-target)"; \
-    cargo build --release --locked --target "$triple"; \
+    cargo build --release --locked --no-default-features --target "$triple"; \
     cp "target/$triple/release/efa-device-plugin" /efa-device-plugin
 
 # The binary is static and talks only over unix sockets and plain HTTP, so it

@@ -155,7 +155,7 @@ release_dry_run() {
 
 # The same flags as the Dockerfile, so the binary checked is the one shipped.
 static_build() {
-  RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked \
+  RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --no-default-features \
     --manifest-path "$repo/Cargo.toml" --target "$1"
 }
 
@@ -167,6 +167,16 @@ check_static_binary() {
   size=$(stat -c %s "$bin")
   echo "size: $size bytes"
   ((size < max_binary_bytes))
+}
+
+# The demo and the stand-ins under src/testkit are left out: `demo` is an unknown command, and
+# neither the kubelet stand-in's refusal text nor the demo's scratch-dir name is in the binary.
+check_no_test_kit() {
+  local bin=$1 refused
+  refused=$("$bin" demo 2>&1) && return 1
+  echo "demo: $refused"
+  [[ $refused == "error: unrecognized subcommand 'demo'" ]] || return 1
+  ! grep -aq -e 'is not supported by kubelet' -e 'efa-device-plugin-demo' "$bin"
 }
 
 smoke_test_binary() {
@@ -206,6 +216,7 @@ main() {
   step "static release build for $host" static_build "$host"
   step "binary is static and under $((max_binary_bytes / 1000000)) MB" check_static_binary "$bin"
   step "binary runs --help and list on an empty sysfs" smoke_test_binary "$bin"
+  step "binary has no demo and no test kit" check_no_test_kit "$bin"
   step "manifests fit the binary's flags, defaults and paths" "$venv/bin/python" tests/deploy/drift_check.py \
     "$bin" "$repo" "$work/plain.yaml" "$work/helm.yaml" "$work/helm-variant.yaml" \
     "$work/plain-cdi.yaml" "$work/helm-cdi.yaml"

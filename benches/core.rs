@@ -8,13 +8,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use efa_device_plugin::health;
-use efa_device_plugin::kubelet_stub::KubeletStub;
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, Empty, RegisterRequest,
     registration_client::RegistrationClient,
     registration_server::{Registration, RegistrationServer},
 };
-use efa_device_plugin::simulate::{FakeDevice, FakeNode, Nodes, Shape};
+use efa_device_plugin::testkit::kubelet_stub::KubeletStub;
+use efa_device_plugin::testkit::simulate::{FakeDevice, FakeNode, Nodes, Shape};
 use efa_device_plugin::uds;
 use tokio_util::sync::CancellationToken;
 

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use efa_device_plugin::allocation::preferred;
 use efa_device_plugin::allocation::sharing::Sharing;
 use efa_device_plugin::proto::deviceplugin::ContainerPreferredAllocationRequest;
-use efa_device_plugin::simulate::{Shape, inventory};
+use efa_device_plugin::testkit::simulate::{Shape, inventory};
 
 struct Case {
     shape: Shape,

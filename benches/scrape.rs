@@ -15,17 +15,17 @@ use std::time::{Duration, Instant};
 
 use efa_device_plugin::allocation::metrics::AllocationMetrics;
 use efa_device_plugin::health::{self, ScanStats};
-use efa_device_plugin::kubelet_stub::KubeletStub;
-use efa_device_plugin::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
 use efa_device_plugin::proto::podresources::PodResources;
-use efa_device_plugin::simulate::Shape;
 use efa_device_plugin::state::DeviceState;
 use efa_device_plugin::state::PluginStatus;
 use efa_device_plugin::telemetry::counters::CounterFiles;
 use efa_device_plugin::telemetry::http::MAX_CONNECTIONS;
 use efa_device_plugin::telemetry::metrics::Metrics;
 use efa_device_plugin::telemetry::pod_resources;
+use efa_device_plugin::testkit::kubelet_stub::KubeletStub;
+use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
+use efa_device_plugin::testkit::simulate::Shape;
 use support::{Harness, http_get};
 
 const SCRAPES: usize = 300;

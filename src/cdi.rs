@@ -247,7 +247,7 @@ impl Contributor for CdiDevices {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::{Shape, inventory};
+    use crate::testkit::simulate::{Shape, inventory};
     use std::num::NonZeroU32;
 
     fn settings(replicas: u32, env: &[(&str, &str)]) -> SpecSettings {

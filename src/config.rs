@@ -40,6 +40,7 @@ pub enum Command {
         output: OutputFormat,
     },
     /// Run the plugin against a simulated p5.48xlarge and an in-process kubelet stand-in.
+    #[cfg(feature = "demo")]
     Demo,
     /// Print the effective configuration (flags, environment and file merged) as YAML.
     Config,

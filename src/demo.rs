@@ -9,12 +9,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::app::Plugin;
 use crate::config::Settings;
-use crate::kubelet_stub::{KubeletStub, KubeletView};
 use crate::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, HEALTHY,
     PreferredAllocationRequest,
 };
-use crate::simulate::{FakeDevice, FakeNode, Nodes, Shape};
+use crate::testkit::kubelet_stub::{KubeletStub, KubeletView};
+use crate::testkit::simulate::{FakeDevice, FakeNode, Nodes, Shape};
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 

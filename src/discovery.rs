@@ -331,7 +331,7 @@ fn read_trimmed(path: &Path) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::{self, FakeNode, Nodes, Shape};
+    use crate::testkit::simulate::{self, FakeNode, Nodes, Shape};
 
     fn scan_shape(shape: Shape) -> (tempfile::TempDir, FakeNode, Scan) {
         let dir = tempfile::tempdir().unwrap();

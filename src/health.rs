@@ -445,7 +445,7 @@ fn log_change(change: &Change) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate;
+    use crate::testkit::simulate;
 
     /// A p4d whose `HUNG` entry never returns from a read until a writer opens the FIFO
     /// `<sysfs>/hang`; the other devices read fine.

@@ -125,8 +125,8 @@ pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::{Shape, inventory};
     use crate::state::DeviceState;
+    use crate::testkit::simulate::{Shape, inventory};
 
     async fn wait_until(what: &str, done: impl Fn() -> bool) {
         for _ in 0..500 {

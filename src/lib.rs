@@ -7,20 +7,20 @@ pub mod app;
 pub mod cdi;
 pub mod config;
 pub mod conflict;
+#[cfg(feature = "demo")]
 pub mod demo;
 pub mod discovery;
 pub mod fsread;
 pub mod fswatch;
 pub mod health;
 pub mod hostfile;
-pub mod kubelet_stub;
 pub mod lifecycle;
 pub mod list;
 pub mod nfd;
-pub mod pod_resources_stub;
 pub mod proto;
 pub mod service;
-pub mod simulate;
 pub mod state;
 pub mod telemetry;
+#[cfg(any(test, feature = "testkit"))]
+pub mod testkit;
 pub mod uds;

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::error::ErrorKind;
 use efa_device_plugin::config::{self, Command};
-use efa_device_plugin::{app, demo, list};
+use efa_device_plugin::{app, list};
 
 fn main() -> ExitCode {
     let (command, settings) = match config::parse(std::env::args_os()) {
@@ -26,7 +26,8 @@ fn main() -> ExitCode {
     let outcome = match command {
         Command::Run => app::serve(settings),
         Command::List { output } => list::print(&settings, output, &mut std::io::stdout()),
-        Command::Demo => demo::run(),
+        #[cfg(feature = "demo")]
+        Command::Demo => efa_device_plugin::demo::run(),
         Command::Config => serde_yaml::to_string(&settings)
             .map(|yaml| print!("{yaml}"))
             .map_err(Into::into),

@@ -62,8 +62,8 @@ pub async fn run(path: PathBuf, retry: Duration, state: DeviceReader, shutdown: 
 mod tests {
     use super::*;
     use crate::health;
-    use crate::simulate::{FakeNode, Nodes, Shape};
     use crate::state::DeviceState;
+    use crate::testkit::simulate::{FakeNode, Nodes, Shape};
 
     fn inventory(shape: Shape) -> Inventory {
         let root = tempfile::tempdir().unwrap();

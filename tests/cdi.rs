@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateRequest,
 };
-use efa_device_plugin::simulate::{self, Shape};
+use efa_device_plugin::testkit::simulate::{self, Shape};
 use support::{Harness, assert_one_line_error, eventually, run_binary, sample, write_config};
 
 const SPEC_FILE: &str = "vpc.amazonaws.com-efa.json";

@@ -4,7 +4,7 @@ mod support;
 
 use std::path::Path;
 
-use efa_device_plugin::simulate::{FakeNode, Shape};
+use efa_device_plugin::testkit::simulate::{FakeNode, Shape};
 use support::{assert_one_line_error, node_kind, run_binary, write_config};
 
 #[test]
@@ -265,6 +265,7 @@ fn list_on_a_node_without_efa_says_so() {
     assert!(stdout.contains("no EFA"), "{stdout}");
 }
 
+#[cfg(feature = "demo")]
 #[test]
 fn demo_runs_and_cleans_up() {
     let (code, stdout, stderr) = run_binary(&["demo"], &[]);
@@ -281,4 +282,13 @@ fn demo_runs_and_cleans_up() {
         .expect("scratch dir named")
         .trim_end_matches('.');
     assert!(!Path::new(scratch).exists());
+}
+
+/// The image's build: the demo and the stand-ins it runs on are not in it.
+#[cfg(not(feature = "demo"))]
+#[test]
+fn without_the_demo_feature_there_is_no_demo_command() {
+    let (code, _, stderr) = run_binary(&["demo"], &[]);
+    assert_eq!(code, 2);
+    assert_eq!(stderr.trim(), "error: unrecognized subcommand 'demo'");
 }

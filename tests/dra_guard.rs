@@ -7,7 +7,7 @@ use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 
 use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
-use efa_device_plugin::simulate::Shape;
+use efa_device_plugin::testkit::simulate::Shape;
 use support::{Harness, sample};
 use tonic::Code;
 

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, HEALTHY, UNHEALTHY,
 };
-use efa_device_plugin::simulate::{FakeDevice, Shape};
+use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
 use support::{Harness, fds_and_tasks, sample};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -318,10 +318,10 @@ async fn only_a_character_device_at_the_node_path_is_healthy() {
 #[test]
 fn a_regular_file_at_the_node_path_needs_the_test_only_switch() {
     let dir = tempfile::tempdir().unwrap();
-    let (node, _) = efa_device_plugin::simulate::FakeNode::build(
+    let (node, _) = efa_device_plugin::testkit::simulate::FakeNode::build(
         dir.path(),
         Shape::G5,
-        efa_device_plugin::simulate::Nodes::Files,
+        efa_device_plugin::testkit::simulate::Nodes::Files,
     )
     .unwrap();
     let (sysfs, dev) = (
@@ -344,9 +344,12 @@ fn a_regular_file_at_the_node_path_needs_the_test_only_switch() {
 #[test]
 fn list_does_not_hang_on_a_fifo_in_sysfs() {
     let dir = tempfile::tempdir().unwrap();
-    let (node, devices) =
-        efa_device_plugin::simulate::FakeNode::build(dir.path(), Shape::G5, support::node_kind())
-            .unwrap();
+    let (node, devices) = efa_device_plugin::testkit::simulate::FakeNode::build(
+        dir.path(),
+        Shape::G5,
+        support::node_kind(),
+    )
+    .unwrap();
     let numa = node
         .sysfs
         .join("class/infiniband")

@@ -1,11 +1,14 @@
 //! The crate's top-level modules depend on each other in one direction only, and the product
-//! never reaches into the test kit. Both are read from the source, so a new `use` that closes a
+//! never reaches into the test kit, apart from the demo. Both are read from the source, so a new `use` that closes a
 //! cycle fails here, named, before anyone has to untangle it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 const TEST_KIT: &str = "testkit";
+/// The one product module built on the test kit, compiled only with the `demo` feature, which
+/// the image build leaves off.
+const DEMO: &str = "demo";
 
 /// Top-level module -> the top-level modules its non-test code names through `crate::`.
 type Graph = BTreeMap<String, BTreeSet<String>>;
@@ -24,7 +27,9 @@ fn the_product_never_uses_the_test_kit() {
     let graph = graph(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").as_path());
     let users: Vec<&String> = graph
         .iter()
-        .filter(|(module, uses)| module.as_str() != TEST_KIT && uses.contains(TEST_KIT))
+        .filter(|(module, uses)| {
+            ![TEST_KIT, DEMO].contains(&module.as_str()) && uses.contains(TEST_KIT)
+        })
         .map(|(module, _)| module)
         .collect();
     assert!(

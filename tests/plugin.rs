@@ -8,20 +8,23 @@ use std::time::Duration;
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, HEALTHY, UNHEALTHY,
 };
-use efa_device_plugin::simulate::{Nodes, Shape, make_char_device};
+use efa_device_plugin::testkit::simulate::{Nodes, Shape, make_char_device};
 use support::{Harness, fds_and_tasks, node_kind};
 use tonic::Code;
 
-fn ids(view: &efa_device_plugin::kubelet_stub::KubeletView) -> Vec<String> {
+fn ids(view: &efa_device_plugin::testkit::kubelet_stub::KubeletView) -> Vec<String> {
     view.devices.iter().map(|d| d.id.clone()).collect()
 }
 
-fn numa_of(view: &efa_device_plugin::kubelet_stub::KubeletView, id: &str) -> Option<i64> {
+fn numa_of(view: &efa_device_plugin::testkit::kubelet_stub::KubeletView, id: &str) -> Option<i64> {
     let device = view.devices.iter().find(|d| d.id == id)?;
     device.topology.as_ref()?.nodes.first().map(|n| n.id)
 }
 
-fn health_of(view: &efa_device_plugin::kubelet_stub::KubeletView, id: &str) -> Option<String> {
+fn health_of(
+    view: &efa_device_plugin::testkit::kubelet_stub::KubeletView,
+    id: &str,
+) -> Option<String> {
     view.devices
         .iter()
         .find(|d| d.id == id)
@@ -93,7 +96,7 @@ async fn no_efa_registers_empty_and_picks_up_a_late_device() {
         assert!(view.devices.is_empty());
         // The driver loads late: the device shows up within the rescan interval. A rescan may
         // catch it half-created (sysfs there, node not yet), so it may be Unhealthy at first.
-        let late = efa_device_plugin::simulate::devices(Shape::P4d).remove(0);
+        let late = efa_device_plugin::testkit::simulate::devices(Shape::P4d).remove(0);
         std::fs::create_dir_all(h.node.sysfs.join("class/infiniband")).unwrap();
         std::fs::create_dir_all(h.node.sysfs.join("class/infiniband_verbs")).unwrap();
         h.node.add(&late).unwrap();

@@ -6,12 +6,12 @@ mod support;
 
 use std::collections::BTreeSet;
 
-use efa_device_plugin::kubelet_stub::KubeletView;
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
     PreferredAllocationRequest, device_plugin_client::DevicePluginClient,
 };
-use efa_device_plugin::simulate::Shape;
+use efa_device_plugin::testkit::kubelet_stub::KubeletView;
+use efa_device_plugin::testkit::simulate::Shape;
 use support::Harness;
 use tonic::transport::Channel;
 

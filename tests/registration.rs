@@ -14,7 +14,7 @@ use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, Empty,
     PreferredAllocationRequest, device_plugin_client::DevicePluginClient,
 };
-use efa_device_plugin::simulate::Shape;
+use efa_device_plugin::testkit::simulate::Shape;
 use support::{BINARY, Harness, TIMEOUT, eventually};
 
 fn occurrences(log: &str, needle: &str) -> usize {
@@ -200,10 +200,10 @@ async fn a_second_instance_on_the_same_dir_exits_with_a_clear_message() {
 async fn a_sharing_count_over_the_kubelets_message_limit_is_refused_at_start() {
     let h = Harness::new(Shape::NoEfa);
     // 2048 EFAs at 64 replicas make about 4.6 MB of device list; the kubelet takes 4 MiB.
-    let template = efa_device_plugin::simulate::devices(Shape::P4d).remove(0);
+    let template = efa_device_plugin::testkit::simulate::devices(Shape::P4d).remove(0);
     for n in 0..2048u32 {
         let (domain, bus) = (n / 256, n % 256);
-        let device = efa_device_plugin::simulate::FakeDevice {
+        let device = efa_device_plugin::testkit::simulate::FakeDevice {
             bdf: format!("{domain:04x}:{bus:02x}:00.0"),
             parents: vec![format!("pci{domain:04x}:{bus:02x}")],
             ibdev: format!("rdmaP{domain}p{bus}s0"),

@@ -3,12 +3,12 @@
 
 mod support;
 
-use efa_device_plugin::kubelet_stub::KubeletView;
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, HEALTHY,
     PreferredAllocationRequest, UNHEALTHY,
 };
-use efa_device_plugin::simulate::Shape;
+use efa_device_plugin::testkit::kubelet_stub::KubeletView;
+use efa_device_plugin::testkit::simulate::Shape;
 use support::{Harness, run_binary};
 use tonic::Code;
 

@@ -6,9 +6,9 @@ mod support;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use efa_device_plugin::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
-use efa_device_plugin::simulate::{FakeDevice, Shape};
+use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
+use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
 use support::{Harness, sample};
 
 fn hw(name: &str, device: &FakeDevice) -> String {

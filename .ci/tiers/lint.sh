@@ -36,6 +36,8 @@ cargo fmt --all -- --check
 
 echo "--> cargo clippy"
 cargo clippy --all-targets --locked -- -D warnings
+echo "--> cargo clippy --no-default-features (the image's build: no demo, no test kit)"
+cargo clippy --all-targets --locked --no-default-features -- -D warnings
 
 echo "--> cargo deny $cargo_deny_version"
 install_cargo_deny

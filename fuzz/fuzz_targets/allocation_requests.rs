@@ -15,7 +15,7 @@ use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
     PreferredAllocationRequest,
 };
-use efa_device_plugin::simulate::{self, Shape};
+use efa_device_plugin::testkit::simulate::{self, Shape};
 use efa_device_plugin::state::{DeviceRecord, Inventory, Verdict};
 use libfuzzer_sys::fuzz_target;
 

@@ -10,7 +10,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use arbitrary::Arbitrary;
-use efa_device_plugin::simulate::{self, Nodes, Shape};
+use efa_device_plugin::testkit::simulate::{self, Nodes, Shape};
 use libfuzzer_sys::fuzz_target;
 
 /// Names the scan looks for, so the fuzzer reaches past the first `read_dir`.

@@ -340,8 +340,8 @@ mod tests {
 
     use super::*;
     use crate::discovery::Efa;
-    use crate::simulate::{Shape, inventory};
     use crate::state::{DeviceRecord, Verdict};
+    use crate::testkit::simulate::{Shape, inventory};
 
     fn shared(replicas: u32) -> Sharing {
         Sharing::replicas(NonZeroU32::new(replicas).unwrap())

@@ -180,7 +180,7 @@ mod tests {
     use std::fs;
 
     use super::*;
-    use crate::simulate::{DEVICE_COUNTERS, FakeNode, Nodes, PORT_COUNTERS, Shape};
+    use crate::testkit::simulate::{DEVICE_COUNTERS, FakeNode, Nodes, PORT_COUNTERS, Shape};
 
     #[test]
     fn reads_port_and_device_counters_and_skips_what_is_not_a_count() {

@@ -123,7 +123,7 @@ pub fn holders_of(response: &ListPodResourcesResponse, resource_name: &str) -> H
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pod_resources_stub::pod;
+    use crate::testkit::pod_resources_stub::pod;
 
     const EFA: &str = "vpc.amazonaws.com/efa";
 

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use efa_device_plugin::kubelet_stub::{KubeletStub, KubeletView};
-use efa_device_plugin::simulate::{FakeDevice, FakeNode, Nodes, Shape};
+use efa_device_plugin::testkit::kubelet_stub::{KubeletStub, KubeletView};
+use efa_device_plugin::testkit::simulate::{FakeDevice, FakeNode, Nodes, Shape};
 use tempfile::TempDir;
 
 pub const TIMEOUT: Duration = Duration::from_secs(10);

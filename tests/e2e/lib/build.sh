@@ -140,7 +140,7 @@ helm_binary() {
 static_plugin_binary() {
 	local triple
 	triple=$(rustc -vV | sed -n 's/^host: //p')
-	(cd "$1" && RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --target "$triple" >&2) ||
+	(cd "$1" && RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --no-default-features --target "$triple" >&2) ||
 		return 1
 	printf '%s\n' "${CARGO_TARGET_DIR:-$1/target}/$triple/release/efa-device-plugin"
 }
