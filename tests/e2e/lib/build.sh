@@ -11,6 +11,9 @@ KUBE_VERSION=${EFA_DP_E2E_KUBE_VERSION:-v1.34.4}
 ETCD_VERSION=${EFA_DP_E2E_ETCD_VERSION:-v3.6.16}
 CONTAINERD_VERSION=${EFA_DP_E2E_CONTAINERD_VERSION:-v2.2.9}
 HELM_VERSION=v3.22.0
+# Where every build and its Go caches live, and where a suite keeps its logs.
+# shellcheck disable=SC2034 # read by the suites and host.sh
+CACHE=${EFA_DP_E2E_CACHE:-/var/cache/efa-device-plugin-e2e}
 
 # go_env CACHE: points the Go toolchain at the shared caches. cgo off: nothing
 # built here needs it, so no C toolchain is needed either. -modcacherw keeps
@@ -101,7 +104,7 @@ go_tool_binaries() {
 	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
 	go_env "$cache"
 	local work module=${1%%/cmd/*}
-	work=$(new_workdir "$cache" "$name") || return 1
+	mkdir -p "$cache" && work=$(new_workdir "$cache" "$name") || return 1
 	mkdir -p "$dir"
 	if ! (cd "$work" && go mod init "efa-device-plugin-e2e/$name" >/dev/null 2>&1 &&
 		go get "$module@$version" &&

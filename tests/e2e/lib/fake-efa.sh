@@ -4,6 +4,9 @@
 # device links), so the plugin is exercised on the same path walks it does
 # on a real instance.
 
+# The extended resource the plugin advertises them as.
+# shellcheck disable=SC2034 # read by the suites
+RESOURCE=vpc.amazonaws.com/efa
 # PCI bus, NUMA node; the position in the list is the uverbs index.
 EFA_BUSES=(10 20 90 a0)
 EFA_NUMA=(0 0 1 1)

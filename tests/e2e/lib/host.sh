@@ -2,8 +2,9 @@
 # What both end-to-end suites need to run daemons on this host and to leave it
 # as they found it: process handling, polling, and a record of the host state
 # that kubelets and containerd change whatever they are configured with.
-# The caller sets SUITE (its name), T (its temp dir, with T/host for the records) and CACHE,
-# and defines cleanup, which finish runs on every exit path.
+# The caller sets SUITE (its name) and T (its temp dir, with T/host for the
+# records), sources build.sh (for CACHE) and defines cleanup, which finish runs
+# on every exit path.
 # shellcheck disable=SC2034 # the globals below are the sourcing suite's too
 
 # The kubelet hard-codes this path; --root-dir does not move it.
@@ -126,6 +127,16 @@ apt_install() {
 
 # remember_host_state PATH...: records which of PATH... exist and what they
 # hold, the kubelet's tunables, cgroups, mounts and firewall rules.
+# import_test_images BUSYBOX: a busybox image and a pause image, both made from
+# the static busybox binary BUSYBOX, imported with the suite's ctr_k8s.
+import_test_images() {
+	mkdir -p "$T/images"
+	python3 "$HERE/lib/oci-image.py" "$1" localhost/busybox:1 "$T/images/busybox.tar" sh &&
+		python3 "$HERE/lib/oci-image.py" "$1" localhost/pause:1 "$T/images/pause.tar" sleep 2147483647 &&
+		ctr_k8s images import "$T/images/busybox.tar" >&2 &&
+		ctr_k8s images import "$T/images/pause.tar" >&2
+}
+
 remember_host_state() {
 	local p s
 	for p in "$@"; do
