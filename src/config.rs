@@ -125,118 +125,67 @@ macro_rules! settings {
 
 settings! {
     /// Root of the sysfs tree to scan for EFA devices.
-    sysfs_root: PathBuf = Setting {
-        flag: "sysfs-root", env: "EFA_DP_SYSFS_ROOT", value_name: "DIR", default: "/sys",
-        ..Setting::of(parse_path)
-    };
+    sysfs_root: PathBuf = Setting::new("sysfs-root", "EFA_DP_SYSFS_ROOT", "DIR", "/sys", parse_path);
     /// Root of the device tree holding infiniband/uverbsN.
-    dev_root: PathBuf = Setting {
-        flag: "dev-root", env: "EFA_DP_DEV_ROOT", value_name: "DIR", default: "/dev",
-        ..Setting::of(parse_path)
-    };
+    dev_root: PathBuf = Setting::new("dev-root", "EFA_DP_DEV_ROOT", "DIR", "/dev", parse_path);
     /// Directory holding the kubelet's kubelet.sock; the plugin serves its socket there.
-    device_plugin_dir: PathBuf = Setting {
-        flag: "device-plugin-dir", env: "EFA_DP_DEVICE_PLUGIN_DIR", value_name: "DIR",
-        default: "/var/lib/kubelet/device-plugins",
-        ..Setting::of(parse_path)
-    };
+    device_plugin_dir: PathBuf = Setting::new("device-plugin-dir", "EFA_DP_DEVICE_PLUGIN_DIR",
+        "DIR", "/var/lib/kubelet/device-plugins", parse_path);
     /// Extended resource name to advertise.
-    resource_name: String = Setting {
-        flag: "resource-name", env: "EFA_DP_RESOURCE_NAME", value_name: "NAME",
-        default: "vpc.amazonaws.com/efa",
-        ..Setting::of(parse_text)
-    };
+    resource_name: String = Setting::new("resource-name", "EFA_DP_RESOURCE_NAME", "NAME",
+        "vpc.amazonaws.com/efa", parse_text);
     /// How often to rescan sysfs (e.g. 500ms, 2s, 1m).
     #[serde(serialize_with = "serialize_duration")]
-    rescan_interval: Duration = Setting {
-        flag: "rescan-interval", env: "EFA_DP_RESCAN_INTERVAL", value_name: "DURATION",
-        default: "5s",
-        ..Setting::of(parse_interval)
-    };
+    rescan_interval: Duration = Setting::new("rescan-interval", "EFA_DP_RESCAN_INTERVAL",
+        "DURATION", "5s", parse_interval);
     /// Log line format.
-    log_format: LogFormat = Setting {
-        flag: "log-format", env: "EFA_DP_LOG_FORMAT", value_name: "LOG_FORMAT", default: "text",
-        ..Setting::choice()
-    };
+    log_format: LogFormat = Setting::choice("log-format", "EFA_DP_LOG_FORMAT", "LOG_FORMAT", "text");
     /// Log level or filter directives; RUST_LOG, when set, takes precedence.
-    log_level: String = Setting {
-        flag: "log-level", env: "EFA_DP_LOG_LEVEL", value_name: "LEVEL", default: "info",
-        ..Setting::of(parse_text)
-    };
+    log_level: String = Setting::new("log-level", "EFA_DP_LOG_LEVEL", "LEVEL", "info", parse_text);
     /// Advertise each EFA as this many IDs, so that many containers can share it (1: no sharing).
-    sharing: Sharing = Setting {
-        flag: "sharing-replicas", env: "EFA_DP_SHARING_REPLICAS", value_name: "N", default: "1",
+    sharing: Sharing = Setting::new("sharing-replicas", "EFA_DP_SHARING_REPLICAS", "N", "1",
+        parse_sharing)
         // Grouped in the file because more sharing knobs may follow.
-        file: FileKey::Named("sharing.replicas"),
-        ..Setting::of(parse_sharing)
-    };
+        .in_file(FileKey::Named("sharing.replicas"));
     /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; empty disables it.
     #[serde(serialize_with = "serialize_optional")]
-    metrics_address: Option<SocketAddr> = Setting {
-        flag: "metrics-address", env: "EFA_DP_METRICS_ADDRESS", value_name: "ADDR",
-        default: "0.0.0.0:9465",
-        ..Setting::of(parse_metrics_address)
-    };
+    metrics_address: Option<SocketAddr> = Setting::new("metrics-address",
+        "EFA_DP_METRICS_ADDRESS", "ADDR", "0.0.0.0:9465", parse_metrics_address);
     /// The kubelet's PodResources socket, read to label EFA traffic with its pod (when present).
-    pod_resources_socket: PathBuf = Setting {
-        flag: "pod-resources-socket", env: "EFA_DP_POD_RESOURCES_SOCKET", value_name: "FILE",
-        default: "/var/lib/kubelet/pod-resources/kubelet.sock",
-        ..Setting::of(parse_path)
-    };
+    pod_resources_socket: PathBuf = Setting::new("pod-resources-socket",
+        "EFA_DP_POD_RESOURCES_SOCKET", "FILE", "/var/lib/kubelet/pod-resources/kubelet.sock",
+        parse_path);
     /// The kubelet's plugin registration dir, where DRA drivers register.
-    plugins_registry_dir: PathBuf = Setting {
-        flag: "plugins-registry-dir", env: "EFA_DP_PLUGINS_REGISTRY_DIR", value_name: "DIR",
-        default: "/var/lib/kubelet/plugins_registry",
-        ..Setting::of(parse_path)
-    };
+    plugins_registry_dir: PathBuf = Setting::new("plugins-registry-dir",
+        "EFA_DP_PLUGINS_REGISTRY_DIR", "DIR", "/var/lib/kubelet/plugins_registry", parse_path);
     /// DRA drivers that manage EFAs; while one is registered every device is withheld.
-    dra_drivers: Vec<String> = Setting {
-        flag: "dra-drivers", env: "EFA_DP_DRA_DRIVERS", value_name: "NAME,...",
-        default: "dra.net", file: FileKey::List,
-        ..Setting::of(parse_driver_names)
-    };
+    dra_drivers: Vec<String> = Setting::new("dra-drivers", "EFA_DP_DRA_DRIVERS", "NAME,...",
+        "dra.net", parse_driver_names).in_file(FileKey::List);
     /// Keep advertising devices while an EFA DRA driver is registered on the node.
-    allow_dra_coexistence: bool = Setting {
-        flag: "allow-dra-coexistence", env: "EFA_DP_ALLOW_DRA_COEXISTENCE", default: "false",
-        ..Setting::switch()
-    };
+    allow_dra_coexistence: bool = Setting::switch("allow-dra-coexistence",
+        "EFA_DP_ALLOW_DRA_COEXISTENCE", "false");
     /// Node-feature-discovery local feature file to keep current (e.g.
     /// /etc/kubernetes/node-feature-discovery/features.d/efa); empty disables it.
     #[serde(serialize_with = "serialize_optional_path")]
-    nfd_features_file: Option<PathBuf> = Setting {
-        flag: "nfd-features-file", env: "EFA_DP_NFD_FEATURES_FILE", value_name: "FILE",
-        default: "",
-        ..Setting::of(parse_optional_path)
-    };
+    nfd_features_file: Option<PathBuf> = Setting::new("nfd-features-file",
+        "EFA_DP_NFD_FEATURES_FILE", "FILE", "", parse_optional_path);
     /// Label EFA hardware counters with the namespace, pod and container holding the device.
-    counter_pod_labels: bool = Setting {
-        flag: "counter-pod-labels", env: "EFA_DP_COUNTER_POD_LABELS", default: "true",
-        shown_last: true,
-        ..Setting::switch()
-    };
+    counter_pod_labels: bool = Setting::switch("counter-pod-labels", "EFA_DP_COUNTER_POD_LABELS",
+        "true").listed_last();
     /// TEST ONLY: judge an empty regular file at a uverbs node path Healthy, for simulated nodes
     /// built without CAP_MKNOD. Never set it on a real node.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
-    test_only_regular_file_nodes: bool = Setting {
-        flag: "test-only-regular-file-nodes", env: "EFA_DP_TEST_ONLY_REGULAR_FILE_NODES",
-        default: "false", shown_last: true,
+    test_only_regular_file_nodes: bool = Setting::switch("test-only-regular-file-nodes",
+        "EFA_DP_TEST_ONLY_REGULAR_FILE_NODES", "false").listed_last()
         // A test switch belongs on a test's command line, where it is seen; shown only when on.
-        file: FileKey::Never,
-        ..Setting::switch()
-    };
+        .in_file(FileKey::Never);
     /// How Allocate hands devices to the runtime: device-specs (DeviceSpecs, every kubelet and
     /// runtime) or cdi (CDI names and a spec file; kubelet 1.28+ and a runtime with CDI on).
-    device_list_strategy: DeviceListStrategy = Setting {
-        flag: "device-list-strategy", env: "EFA_DP_DEVICE_LIST_STRATEGY",
-        value_name: "DEVICE_LIST_STRATEGY", default: "device-specs",
-        ..Setting::choice()
-    };
+    device_list_strategy: DeviceListStrategy = Setting::choice("device-list-strategy",
+        "EFA_DP_DEVICE_LIST_STRATEGY", "DEVICE_LIST_STRATEGY", "device-specs");
     /// Directory the runtime reads CDI specs from; the plugin writes its spec there in cdi mode.
-    cdi_spec_dir: PathBuf = Setting {
-        flag: "cdi-spec-dir", env: "EFA_DP_CDI_SPEC_DIR", value_name: "DIR",
-        default: "/var/run/cdi",
-        ..Setting::of(parse_path)
-    };
+    cdi_spec_dir: PathBuf = Setting::new("cdi-spec-dir", "EFA_DP_CDI_SPEC_DIR", "DIR",
+        "/var/run/cdi", parse_path);
     /// Environment variable set in every container that gets an EFA; repeatable. A comma starts
     /// another pair only when an '=' follows before the next comma, so values may hold commas.
     allocate: AllocateSettings = EnvSetting {
@@ -303,12 +252,19 @@ struct Setting<T> {
 }
 
 impl<T> Setting<T> {
-    const fn of(parse: fn(&str) -> Result<T, String>) -> Self {
+    /// A setting with one value, under the flag's name in the file.
+    const fn new(
+        flag: &'static str,
+        env: &'static str,
+        value_name: &'static str,
+        default: &'static str,
+        parse: fn(&str) -> Result<T, String>,
+    ) -> Self {
         Setting {
-            flag: "",
-            env: "",
-            value_name: "",
-            default: "",
+            flag,
+            env,
+            value_name,
+            default,
             parse,
             file: FileKey::Flag,
             switch: false,
@@ -316,23 +272,38 @@ impl<T> Setting<T> {
             shown_last: false,
         }
     }
+
+    const fn in_file(self, file: FileKey) -> Self {
+        Setting { file, ..self }
+    }
+
+    const fn listed_last(self) -> Self {
+        Setting {
+            shown_last: true,
+            ..self
+        }
+    }
 }
 
 impl Setting<bool> {
-    const fn switch() -> Self {
+    const fn switch(flag: &'static str, env: &'static str, default: &'static str) -> Self {
         Setting {
-            value_name: "BOOL",
             switch: true,
-            ..Setting::of(parse_bool)
+            ..Setting::new(flag, env, "BOOL", default, parse_bool)
         }
     }
 }
 
 impl<E: ValueEnum> Setting<E> {
-    const fn choice() -> Self {
+    const fn choice(
+        flag: &'static str,
+        env: &'static str,
+        value_name: &'static str,
+        default: &'static str,
+    ) -> Self {
         Setting {
             choices: choices::<E>,
-            ..Setting::of(parse_choice::<E>)
+            ..Setting::new(flag, env, value_name, default, parse_choice::<E>)
         }
     }
 }
