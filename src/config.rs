@@ -112,8 +112,9 @@ macro_rules! settings {
 
         impl Declared {
             /// The descriptors in field order, each with its doc comment.
-            fn each(&self) -> Vec<(&'static dyn Describe, &'static [&'static str])> {
-                vec![$( (self.$field, &[$($doc),+]), )+]
+            fn each(&self) -> Vec<(&'static dyn Describe, &'static str)> {
+                // Each doc line starts with its space, so the lines join into one paragraph.
+                vec![$( (self.$field, concat!($($doc),+)), )+]
             }
 
             fn resolve(&self, given: &Given) -> Result<Settings, ConfigError> {
@@ -319,12 +320,7 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
 
     fn arg(&self) -> Arg {
         let parse = self.parse;
-        let arg = Arg::new(self.flag)
-            .long(self.flag)
-            .env(self.env)
-            .value_name(self.value_name)
-            .default_value(self.default)
-            .global(true);
+        let arg = flag_arg(self.flag, self.env, self.value_name).default_value(self.default);
         let choices = (self.choices)();
         let arg = if choices.is_empty() {
             arg.value_parser(parse)
@@ -396,13 +392,9 @@ impl Describe for EnvSetting {
     }
 
     fn arg(&self) -> Arg {
-        Arg::new(self.flag)
-            .long(self.flag)
-            .env(self.env)
-            .value_name(self.value_name)
+        flag_arg(self.flag, self.env, self.value_name)
             .value_parser(parse_env_pairs)
             .action(ArgAction::Append)
-            .global(true)
     }
 
     fn file_key(&self) -> Option<&'static str> {
@@ -487,21 +479,26 @@ impl Given<'_> {
 }
 
 /// The settings in `--help` order, each with its doc comment.
-fn listed() -> Vec<(&'static dyn Describe, &'static [&'static str])> {
+fn listed() -> Vec<(&'static dyn Describe, &'static str)> {
     let mut listed = DECLARED.each();
     listed.sort_by_key(|(setting, _)| setting.shown_last());
     listed
 }
 
-/// The doc comment as clap's derive shows it: lines joined, the closing period dropped.
-fn help_text(doc: &[&str]) -> String {
-    let text = doc
-        .iter()
-        .map(|line| line.trim())
-        .collect::<Vec<_>>()
-        .join(" ");
-    text.strip_suffix('.')
-        .map_or_else(|| text.clone(), str::to_owned)
+/// The doc comment as clap's derive shows it, without the closing period.
+fn help_text(doc: &str) -> String {
+    let doc = doc.trim();
+    doc.strip_suffix('.').unwrap_or(doc).to_owned()
+}
+
+/// The part every flag shares: a long name, its variable and its value's name in `--help`;
+/// global, so it may follow the subcommand.
+fn flag_arg(flag: &'static str, env: &'static str, value_name: &'static str) -> Arg {
+    Arg::new(flag)
+        .long(flag)
+        .env(env)
+        .value_name(value_name)
+        .global(true)
 }
 
 fn cli() -> clap::Command {
@@ -509,12 +506,8 @@ fn cli() -> clap::Command {
         .into_iter()
         .map(|(setting, doc)| setting.arg().help(help_text(doc)))
         .collect();
-    let config = Arg::new("config")
-        .long("config")
-        .env("EFA_DP_CONFIG")
-        .value_name("FILE")
+    let config = flag_arg("config", "EFA_DP_CONFIG", "FILE")
         .value_parser(clap::value_parser!(PathBuf))
-        .global(true)
         .help("YAML file with any of these options, keyed by their long names");
     // --help names the file right after the settings a deployment sets most often.
     let at = args
