@@ -2,6 +2,10 @@
 //!
 //! Precedence is flag, then `EFA_DP_<NAME>`, then the YAML file given by `--config`, then the
 //! default. Every problem is reported as one line that names the flag, variable or file.
+//!
+//! Each setting is declared once, in the `settings!` table: its field, its help (the doc
+//! comment) and a descriptor with its flag, variable, file key, default and the one parser that
+//! reads its text, whichever source the text came from.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -9,9 +13,14 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::parser::ValueSource;
-use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
-use serde::{Deserialize, Serialize};
+use clap::{
+    Arg, ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum,
+};
+use serde::Serialize;
+use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
+use serde_yaml::Value;
 
 use crate::allocation::sharing::{Sharing, parse_replicas};
 
@@ -23,11 +32,9 @@ use crate::allocation::sharing::{Sharing, parse_replicas};
     // A later flag overrides an earlier one, so wrappers can append overrides to fixed args.
     args_override_self = true
 )]
-pub struct Cli {
-    #[command(flatten)]
-    pub options: Options,
+struct Cli {
     #[command(subcommand)]
-    pub command: Option<Command>,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
@@ -52,211 +59,11 @@ pub enum OutputFormat {
     Json,
 }
 
-#[derive(ValueEnum, Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,
     Json,
-}
-
-#[derive(Args, Debug)]
-pub struct Options {
-    /// Root of the sysfs tree to scan for EFA devices.
-    #[arg(
-        long,
-        env = "EFA_DP_SYSFS_ROOT",
-        default_value = "/sys",
-        value_name = "DIR",
-        global = true
-    )]
-    pub sysfs_root: PathBuf,
-    /// Root of the device tree holding infiniband/uverbsN.
-    #[arg(
-        long,
-        env = "EFA_DP_DEV_ROOT",
-        default_value = "/dev",
-        value_name = "DIR",
-        global = true
-    )]
-    pub dev_root: PathBuf,
-    /// Directory holding the kubelet's kubelet.sock; the plugin serves its socket there.
-    #[arg(
-        long,
-        env = "EFA_DP_DEVICE_PLUGIN_DIR",
-        default_value = "/var/lib/kubelet/device-plugins",
-        value_name = "DIR",
-        global = true
-    )]
-    pub device_plugin_dir: PathBuf,
-    /// Extended resource name to advertise.
-    #[arg(
-        long,
-        env = "EFA_DP_RESOURCE_NAME",
-        default_value = "vpc.amazonaws.com/efa",
-        value_name = "NAME",
-        global = true
-    )]
-    pub resource_name: String,
-    /// How often to rescan sysfs (e.g. 500ms, 2s, 1m).
-    #[arg(
-        long,
-        env = "EFA_DP_RESCAN_INTERVAL",
-        default_value = "5s",
-        value_name = "DURATION",
-        value_parser = parse_interval,
-        global = true
-    )]
-    pub rescan_interval: Duration,
-    /// YAML file with any of these options, keyed by their long names.
-    #[arg(long, env = "EFA_DP_CONFIG", value_name = "FILE", global = true)]
-    pub config: Option<PathBuf>,
-    /// Log line format.
-    #[arg(
-        long,
-        env = "EFA_DP_LOG_FORMAT",
-        value_enum,
-        default_value = "text",
-        global = true
-    )]
-    pub log_format: LogFormat,
-    /// Log level or filter directives; RUST_LOG, when set, takes precedence.
-    #[arg(
-        long,
-        env = "EFA_DP_LOG_LEVEL",
-        default_value = "info",
-        value_name = "LEVEL",
-        global = true
-    )]
-    pub log_level: String,
-    /// Advertise each EFA as this many IDs, so that many containers can share it (1: no sharing).
-    #[arg(
-        long,
-        env = "EFA_DP_SHARING_REPLICAS",
-        default_value = "1",
-        value_name = "N",
-        value_parser = parse_replicas,
-        global = true
-    )]
-    pub sharing_replicas: std::num::NonZeroU32,
-    /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; empty disables it.
-    #[arg(
-        long,
-        env = "EFA_DP_METRICS_ADDRESS",
-        default_value = "0.0.0.0:9465",
-        value_name = "ADDR",
-        value_parser = parse_metrics_address,
-        global = true
-    )]
-    pub metrics_address: MetricsAddress,
-    /// The kubelet's PodResources socket, read to label EFA traffic with its pod (when present).
-    #[arg(
-        long,
-        env = "EFA_DP_POD_RESOURCES_SOCKET",
-        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock",
-        value_name = "FILE",
-        global = true
-    )]
-    pub pod_resources_socket: PathBuf,
-    /// The kubelet's plugin registration dir, where DRA drivers register.
-    #[arg(
-        long,
-        env = "EFA_DP_PLUGINS_REGISTRY_DIR",
-        default_value = "/var/lib/kubelet/plugins_registry",
-        value_name = "DIR",
-        global = true
-    )]
-    pub plugins_registry_dir: PathBuf,
-    /// DRA drivers that manage EFAs; while one is registered every device is withheld.
-    #[arg(
-        long,
-        env = "EFA_DP_DRA_DRIVERS",
-        default_value = "dra.net",
-        value_name = "NAME,...",
-        value_parser = parse_driver_names,
-        global = true
-    )]
-    pub dra_drivers: DriverNames,
-    /// Keep advertising devices while an EFA DRA driver is registered on the node.
-    #[arg(
-        long,
-        env = "EFA_DP_ALLOW_DRA_COEXISTENCE",
-        value_name = "BOOL",
-        default_value_t = false,
-        action = clap::ArgAction::Set,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        value_parser = parse_bool,
-        global = true
-    )]
-    pub allow_dra_coexistence: bool,
-    /// Node-feature-discovery local feature file to keep current (e.g.
-    /// /etc/kubernetes/node-feature-discovery/features.d/efa); empty disables it.
-    #[arg(
-        long,
-        env = "EFA_DP_NFD_FEATURES_FILE",
-        default_value = "",
-        value_name = "FILE",
-        value_parser = parse_optional_path,
-        global = true
-    )]
-    pub nfd_features_file: OptionalPath,
-    /// How Allocate hands devices to the runtime: device-specs (DeviceSpecs, every kubelet and
-    /// runtime) or cdi (CDI names and a spec file; kubelet 1.28+ and a runtime with CDI on).
-    #[arg(
-        long,
-        env = "EFA_DP_DEVICE_LIST_STRATEGY",
-        value_enum,
-        default_value = "device-specs",
-        global = true
-    )]
-    pub device_list_strategy: DeviceListStrategy,
-    /// Directory the runtime reads CDI specs from; the plugin writes its spec there in cdi mode.
-    #[arg(
-        long,
-        env = "EFA_DP_CDI_SPEC_DIR",
-        default_value = "/var/run/cdi",
-        value_name = "DIR",
-        global = true
-    )]
-    pub cdi_spec_dir: PathBuf,
-    /// Environment variable set in every container that gets an EFA; repeatable. A comma starts
-    /// another pair only when an '=' follows before the next comma, so values may hold commas.
-    #[arg(
-        long,
-        env = "EFA_DP_ALLOCATE_ENV",
-        value_name = "KEY=VALUE",
-        value_parser = parse_env_pairs,
-        action = clap::ArgAction::Append,
-        global = true
-    )]
-    pub allocate_env: Vec<EnvPairs>,
-    /// Label EFA hardware counters with the namespace, pod and container holding the device.
-    #[arg(
-        long,
-        env = "EFA_DP_COUNTER_POD_LABELS",
-        value_name = "BOOL",
-        default_value_t = true,
-        action = clap::ArgAction::Set,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        value_parser = parse_bool,
-        global = true
-    )]
-    pub counter_pod_labels: bool,
-    /// TEST ONLY: judge an empty regular file at a uverbs node path Healthy, for simulated nodes
-    /// built without CAP_MKNOD. Never set it on a real node.
-    #[arg(
-        long,
-        env = "EFA_DP_TEST_ONLY_REGULAR_FILE_NODES",
-        value_name = "BOOL",
-        default_value_t = false,
-        action = clap::ArgAction::Set,
-        num_args = 0..=1,
-        default_missing_value = "true",
-        value_parser = parse_bool,
-        global = true
-    )]
-    pub test_only_regular_file_nodes: bool,
 }
 
 /// How allocated devices reach the container runtime.
@@ -274,84 +81,6 @@ pub enum DeviceListStrategy {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EnvPairs(pub Vec<(String, String)>);
 
-/// `None` when the endpoint is disabled. A named type, so clap parses the whole flag into it.
-pub type MetricsAddress = Option<SocketAddr>;
-/// A list kept as one value, so clap, the environment and the file all give it the same way.
-pub type DriverNames = Vec<String>;
-pub type OptionalPath = Option<PathBuf>;
-
-/// The config file: the same options, keyed by their long names. Unknown keys are errors, so a
-/// typo cannot silently fall back to a default.
-#[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields, rename_all = "kebab-case")]
-struct FileConfig {
-    sysfs_root: Option<PathBuf>,
-    dev_root: Option<PathBuf>,
-    device_plugin_dir: Option<PathBuf>,
-    resource_name: Option<String>,
-    rescan_interval: Option<String>,
-    log_format: Option<String>,
-    log_level: Option<String>,
-    metrics_address: Option<String>,
-    pod_resources_socket: Option<PathBuf>,
-    plugins_registry_dir: Option<PathBuf>,
-    dra_drivers: Option<Vec<String>>,
-    allow_dra_coexistence: Option<bool>,
-    nfd_features_file: Option<PathBuf>,
-    device_list_strategy: Option<String>,
-    cdi_spec_dir: Option<PathBuf>,
-    counter_pod_labels: Option<bool>,
-    sharing: Option<FileSharing>,
-    allocate: Option<FileAllocate>,
-}
-
-/// `allocate:` in the config file: what every allocation gets besides its devices.
-#[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
-struct FileAllocate {
-    /// Values kept as YAML, so `FI_EFA_USE_DEVICE_RDMA: 1` is the string "1".
-    env: Option<BTreeMap<String, serde_yaml::Value>>,
-}
-
-/// `sharing:` in the config file, grouped because more sharing knobs may follow.
-#[derive(Deserialize, Default, Debug)]
-#[serde(deny_unknown_fields)]
-struct FileSharing {
-    /// Kept as YAML so `replicas: 0` and `replicas: four` get the flag's own message.
-    replicas: Option<serde_yaml::Value>,
-}
-
-/// The validated configuration the plugin runs with.
-#[derive(Serialize, Debug, Clone, PartialEq, Eq)]
-#[serde(rename_all = "kebab-case")]
-pub struct Settings {
-    pub sysfs_root: PathBuf,
-    pub dev_root: PathBuf,
-    pub device_plugin_dir: PathBuf,
-    pub resource_name: String,
-    #[serde(serialize_with = "serialize_duration")]
-    pub rescan_interval: Duration,
-    pub log_format: LogFormat,
-    pub log_level: String,
-    pub sharing: Sharing,
-    #[serde(serialize_with = "serialize_optional")]
-    pub metrics_address: Option<SocketAddr>,
-    pub pod_resources_socket: PathBuf,
-    pub plugins_registry_dir: PathBuf,
-    pub dra_drivers: Vec<String>,
-    pub allow_dra_coexistence: bool,
-    #[serde(serialize_with = "serialize_optional_path")]
-    pub nfd_features_file: Option<PathBuf>,
-    pub counter_pod_labels: bool,
-    /// Deliberately not readable from the config file: a test switch belongs on a test's
-    /// command line, where it is seen; shown only when on.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    pub test_only_regular_file_nodes: bool,
-    pub device_list_strategy: DeviceListStrategy,
-    pub cdi_spec_dir: PathBuf,
-    pub allocate: AllocateSettings,
-}
-
 /// What every allocation gets besides its devices.
 #[derive(Serialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct AllocateSettings {
@@ -360,34 +89,501 @@ pub struct AllocateSettings {
     pub env: BTreeMap<String, String>,
 }
 
+/// Declares [`Settings`] and, per field, the descriptor that reads it; the field's doc comment
+/// is its `--help` text.
+macro_rules! settings {
+    ($(
+        $(#[doc = $doc:literal])+
+        $(#[serde($($serde:tt)*)])?
+        $field:ident: $ty:ty = $declared:expr;
+    )+) => {
+        /// The validated configuration the plugin runs with.
+        #[derive(Serialize, Debug, Clone, PartialEq, Eq)]
+        #[serde(rename_all = "kebab-case")]
+        pub struct Settings {
+            $( $(#[doc = $doc])+ $(#[serde($($serde)*)])? pub $field: $ty, )+
+        }
+
+        /// Each field's descriptor, typed by the field.
+        struct Declared {
+            $( $field: &'static dyn Resolve<$ty>, )+
+        }
+
+        const DECLARED: Declared = Declared { $( $field: &$declared, )+ };
+
+        impl Declared {
+            /// The descriptors in field order, each with its doc comment.
+            fn each(&self) -> Vec<(&'static dyn Describe, &'static str)> {
+                // Each doc line starts with its space, so the lines join into one paragraph.
+                vec![$( (self.$field, concat!($($doc),+)), )+]
+            }
+
+            fn resolve(&self, given: &Given) -> Result<Settings, ConfigError> {
+                Ok(Settings { $( $field: self.$field.resolve(given)?, )+ })
+            }
+        }
+    };
+}
+
+settings! {
+    /// Root of the sysfs tree to scan for EFA devices.
+    sysfs_root: PathBuf = Setting::new("sysfs-root", "EFA_DP_SYSFS_ROOT", "DIR", "/sys", parse_path);
+    /// Root of the device tree holding infiniband/uverbsN.
+    dev_root: PathBuf = Setting::new("dev-root", "EFA_DP_DEV_ROOT", "DIR", "/dev", parse_path);
+    /// Directory holding the kubelet's kubelet.sock; the plugin serves its socket there.
+    device_plugin_dir: PathBuf = Setting::new("device-plugin-dir", "EFA_DP_DEVICE_PLUGIN_DIR",
+        "DIR", "/var/lib/kubelet/device-plugins", parse_path);
+    /// Extended resource name to advertise.
+    resource_name: String = Setting::new("resource-name", "EFA_DP_RESOURCE_NAME", "NAME",
+        "vpc.amazonaws.com/efa", parse_text);
+    /// How often to rescan sysfs (e.g. 500ms, 2s, 1m).
+    #[serde(serialize_with = "serialize_duration")]
+    rescan_interval: Duration = Setting::new("rescan-interval", "EFA_DP_RESCAN_INTERVAL",
+        "DURATION", "5s", parse_interval);
+    /// Log line format.
+    log_format: LogFormat = Setting::choice("log-format", "EFA_DP_LOG_FORMAT", "LOG_FORMAT", "text");
+    /// Log level or filter directives; RUST_LOG, when set, takes precedence.
+    log_level: String = Setting::new("log-level", "EFA_DP_LOG_LEVEL", "LEVEL", "info", parse_text);
+    /// Advertise each EFA as this many IDs, so that many containers can share it (1: no sharing).
+    sharing: Sharing = Setting::new("sharing-replicas", "EFA_DP_SHARING_REPLICAS", "N", "1",
+        parse_sharing)
+        // Grouped in the file because more sharing knobs may follow.
+        .in_file(FileKey::Named("sharing.replicas"));
+    /// Address of the HTTP endpoint serving /metrics, /healthz and /readyz; empty disables it.
+    #[serde(serialize_with = "serialize_optional")]
+    metrics_address: Option<SocketAddr> = Setting::new("metrics-address",
+        "EFA_DP_METRICS_ADDRESS", "ADDR", "0.0.0.0:9465", parse_metrics_address);
+    /// The kubelet's PodResources socket, read to label EFA traffic with its pod (when present).
+    pod_resources_socket: PathBuf = Setting::new("pod-resources-socket",
+        "EFA_DP_POD_RESOURCES_SOCKET", "FILE", "/var/lib/kubelet/pod-resources/kubelet.sock",
+        parse_path);
+    /// The kubelet's plugin registration dir, where DRA drivers register.
+    plugins_registry_dir: PathBuf = Setting::new("plugins-registry-dir",
+        "EFA_DP_PLUGINS_REGISTRY_DIR", "DIR", "/var/lib/kubelet/plugins_registry", parse_path);
+    /// DRA drivers that manage EFAs; while one is registered every device is withheld.
+    dra_drivers: Vec<String> = Setting::new("dra-drivers", "EFA_DP_DRA_DRIVERS", "NAME,...",
+        "dra.net", parse_driver_names).in_file(FileKey::List);
+    /// Keep advertising devices while an EFA DRA driver is registered on the node.
+    allow_dra_coexistence: bool = Setting::switch("allow-dra-coexistence",
+        "EFA_DP_ALLOW_DRA_COEXISTENCE", "false");
+    /// Node-feature-discovery local feature file to keep current (e.g.
+    /// /etc/kubernetes/node-feature-discovery/features.d/efa); empty disables it.
+    #[serde(serialize_with = "serialize_optional_path")]
+    nfd_features_file: Option<PathBuf> = Setting::new("nfd-features-file",
+        "EFA_DP_NFD_FEATURES_FILE", "FILE", "", parse_optional_path);
+    /// Label EFA hardware counters with the namespace, pod and container holding the device.
+    counter_pod_labels: bool = Setting::switch("counter-pod-labels", "EFA_DP_COUNTER_POD_LABELS",
+        "true").listed_last();
+    /// TEST ONLY: judge an empty regular file at a uverbs node path Healthy, for simulated nodes
+    /// built without CAP_MKNOD. Never set it on a real node.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    test_only_regular_file_nodes: bool = Setting::switch("test-only-regular-file-nodes",
+        "EFA_DP_TEST_ONLY_REGULAR_FILE_NODES", "false").listed_last()
+        // A test switch belongs on a test's command line, where it is seen; shown only when on.
+        .in_file(FileKey::Never);
+    /// How Allocate hands devices to the runtime: device-specs (DeviceSpecs, every kubelet and
+    /// runtime) or cdi (CDI names and a spec file; kubelet 1.28+ and a runtime with CDI on).
+    device_list_strategy: DeviceListStrategy = Setting::choice("device-list-strategy",
+        "EFA_DP_DEVICE_LIST_STRATEGY", "DEVICE_LIST_STRATEGY", "device-specs");
+    /// Directory the runtime reads CDI specs from; the plugin writes its spec there in cdi mode.
+    cdi_spec_dir: PathBuf = Setting::new("cdi-spec-dir", "EFA_DP_CDI_SPEC_DIR", "DIR",
+        "/var/run/cdi", parse_path);
+    /// Environment variable set in every container that gets an EFA; repeatable. A comma starts
+    /// another pair only when an '=' follows before the next comma, so values may hold commas.
+    allocate: AllocateSettings = EnvSetting {
+        flag: "allocate-env", env: "EFA_DP_ALLOCATE_ENV", value_name: "KEY=VALUE",
+        file: "allocate.env",
+    };
+}
+
 impl Default for Settings {
+    /// The declared defaults, through the same parsers: no flag, variable or file is read.
     fn default() -> Self {
-        let cli = Cli::parse_from(["efa-device-plugin"]);
-        let o = cli.options;
-        Settings {
-            sysfs_root: o.sysfs_root,
-            dev_root: o.dev_root,
-            device_plugin_dir: o.device_plugin_dir,
-            resource_name: o.resource_name,
-            rescan_interval: o.rescan_interval,
-            log_format: o.log_format,
-            log_level: o.log_level,
-            sharing: Sharing::replicas(o.sharing_replicas),
-            metrics_address: o.metrics_address,
-            pod_resources_socket: o.pod_resources_socket,
-            plugins_registry_dir: o.plugins_registry_dir,
-            dra_drivers: o.dra_drivers,
-            allow_dra_coexistence: o.allow_dra_coexistence,
-            nfd_features_file: o.nfd_features_file,
-            device_list_strategy: o.device_list_strategy,
-            cdi_spec_dir: o.cdi_spec_dir,
-            allocate: AllocateSettings::default(),
-            counter_pod_labels: o.counter_pod_labels,
-            test_only_regular_file_nodes: o.test_only_regular_file_nodes,
+        DECLARED
+            .resolve(&Given::default())
+            .expect("every declared default parses")
+    }
+}
+
+/// What `--help` and the file need to know of a setting, whatever its type.
+trait Describe {
+    fn flag(&self) -> &'static str;
+    fn env(&self) -> &'static str;
+    /// The flag's argument, without its help.
+    fn arg(&self) -> Arg;
+    /// The dotted key in the config file; `None` when the file may not set it.
+    fn file_key(&self) -> Option<&'static str>;
+    fn shown_last(&self) -> bool {
+        false
+    }
+}
+
+trait Resolve<T>: Describe {
+    /// The flag's or variable's value, else the file's, else the default.
+    fn resolve(&self, given: &Given) -> Result<T, ConfigError>;
+}
+
+/// Where a setting sits in the config file.
+#[derive(Clone, Copy)]
+enum FileKey {
+    /// Under the flag's name, as one scalar.
+    Flag,
+    /// Under another (dotted) key, as one scalar.
+    Named(&'static str),
+    /// Under the flag's name, as a YAML list: the items of the flag's comma-separated text.
+    List,
+    Never,
+}
+
+/// A setting with one value, given as text alike by its flag, its variable and the file.
+struct Setting<T> {
+    /// The long flag, also the clap id and, unless `file` says otherwise, the file key.
+    flag: &'static str,
+    env: &'static str,
+    value_name: &'static str,
+    /// Parsed like a given value, so `--help` shows what the plugin really uses.
+    default: &'static str,
+    parse: fn(&str) -> Result<T, String>,
+    file: FileKey,
+    /// A bare `--flag` means `--flag=true`.
+    switch: bool,
+    /// The words clap lists in `--help` and in its own error; empty for free text.
+    choices: fn() -> Vec<PossibleValue>,
+    /// Listed after the other settings in `--help`.
+    shown_last: bool,
+}
+
+impl<T> Setting<T> {
+    /// A setting with one value, under the flag's name in the file.
+    const fn new(
+        flag: &'static str,
+        env: &'static str,
+        value_name: &'static str,
+        default: &'static str,
+        parse: fn(&str) -> Result<T, String>,
+    ) -> Self {
+        Setting {
+            flag,
+            env,
+            value_name,
+            default,
+            parse,
+            file: FileKey::Flag,
+            switch: false,
+            choices: Vec::new,
+            shown_last: false,
+        }
+    }
+
+    const fn in_file(self, file: FileKey) -> Self {
+        Setting { file, ..self }
+    }
+
+    const fn listed_last(self) -> Self {
+        Setting {
+            shown_last: true,
+            ..self
         }
     }
 }
 
+impl Setting<bool> {
+    const fn switch(flag: &'static str, env: &'static str, default: &'static str) -> Self {
+        Setting {
+            switch: true,
+            ..Setting::new(flag, env, "BOOL", default, parse_bool)
+        }
+    }
+}
+
+impl<E: ValueEnum> Setting<E> {
+    const fn choice(
+        flag: &'static str,
+        env: &'static str,
+        value_name: &'static str,
+        default: &'static str,
+    ) -> Self {
+        Setting {
+            choices: choices::<E>,
+            ..Setting::new(flag, env, value_name, default, parse_choice::<E>)
+        }
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
+    fn flag(&self) -> &'static str {
+        self.flag
+    }
+
+    fn env(&self) -> &'static str {
+        self.env
+    }
+
+    fn arg(&self) -> Arg {
+        let parse = self.parse;
+        let arg = flag_arg(self.flag, self.env, self.value_name).default_value(self.default);
+        let choices = (self.choices)();
+        let arg = if choices.is_empty() {
+            arg.value_parser(parse)
+        } else {
+            arg.value_parser(PossibleValuesParser::new(choices).try_map(move |text| parse(&text)))
+        };
+        if self.switch {
+            arg.num_args(0..=1).default_missing_value("true")
+        } else {
+            arg
+        }
+    }
+
+    fn file_key(&self) -> Option<&'static str> {
+        match self.file {
+            FileKey::Flag | FileKey::List => Some(self.flag),
+            FileKey::Named(key) => Some(key),
+            FileKey::Never => None,
+        }
+    }
+
+    fn shown_last(&self) -> bool {
+        self.shown_last
+    }
+}
+
+impl<T: Clone + Send + Sync + 'static> Resolve<T> for Setting<T> {
+    fn resolve(&self, given: &Given) -> Result<T, ConfigError> {
+        if let Some(value) = given.command_line(self.flag) {
+            return Ok(value);
+        }
+        let Some((key, path, value)) = self.file_key().and_then(|key| {
+            given
+                .file_value(key)
+                .map(|(path, value)| (key, path, value))
+        }) else {
+            return (self.parse)(self.default)
+                .map_err(|err| ConfigError(format!("default of --{}: {err}", self.flag)));
+        };
+        let text = match (self.file, value) {
+            (FileKey::List, Value::Sequence(items)) => items
+                .iter()
+                .map(scalar_text)
+                .collect::<Result<Vec<_>, _>>()
+                .map(|items| items.join(",")),
+            (FileKey::List, _) => Err("must be a list".to_owned()),
+            _ => scalar_text(value),
+        };
+        text.and_then(|text| (self.parse)(&text))
+            .map_err(|err| ConfigError(format!("{}: {err}", Origin::File(path, key))))
+    }
+}
+
+/// `--allocate-env`: repeatable on the command line, a map in the file.
+struct EnvSetting {
+    flag: &'static str,
+    env: &'static str,
+    value_name: &'static str,
+    file: &'static str,
+}
+
+impl Describe for EnvSetting {
+    fn flag(&self) -> &'static str {
+        self.flag
+    }
+
+    fn env(&self) -> &'static str {
+        self.env
+    }
+
+    fn arg(&self) -> Arg {
+        flag_arg(self.flag, self.env, self.value_name)
+            .value_parser(parse_env_pairs)
+            .action(ArgAction::Append)
+    }
+
+    fn file_key(&self) -> Option<&'static str> {
+        Some(self.file)
+    }
+}
+
+impl Resolve<AllocateSettings> for EnvSetting {
+    /// The flags' or variable's pairs when given, else the file's map, each entry checked alike.
+    fn resolve(&self, given: &Given) -> Result<AllocateSettings, ConfigError> {
+        if let Some(pairs) = given
+            .matches
+            .and_then(|m| m.get_many::<EnvPairs>(self.flag))
+        {
+            let env = pairs.flat_map(|pairs| pairs.0.iter().cloned()).collect();
+            return Ok(AllocateSettings { env });
+        }
+        let Some((path, value)) = given.file_value(self.file) else {
+            return Ok(AllocateSettings::default());
+        };
+        let Value::Mapping(entries) = value else {
+            return Err(ConfigError(format!(
+                "{}: must be a map of variables",
+                Origin::File(path, self.file)
+            )));
+        };
+        let env = entries
+            .iter()
+            .map(|(key, value)| {
+                let key = yaml_scalar(key);
+                scalar_text(value)
+                    .map_err(|err| format!("the value of {key} {err}"))
+                    .and_then(|text| validate_env(&key, &text).map(|()| text))
+                    .map_err(|err| {
+                        let entry = format!("{}.{key}", self.file);
+                        ConfigError(format!("{}: {err}", Origin::File(path, &entry)))
+                    })
+                    .map(|text| (key, text))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(AllocateSettings { env })
+    }
+}
+
+/// What the settings are read from: nothing at all for [`Settings::default`].
+#[derive(Default)]
+struct Given<'a> {
+    matches: Option<&'a ArgMatches>,
+    file: Option<(&'a Path, FileValues)>,
+}
+
+impl Given<'_> {
+    /// A flag's or variable's value, when one was given.
+    fn command_line<T: Clone + Send + Sync + 'static>(&self, id: &str) -> Option<T> {
+        let matches = self.matches?;
+        match matches.value_source(id)? {
+            ValueSource::DefaultValue => None,
+            _ => matches.get_one::<T>(id).cloned(),
+        }
+    }
+
+    /// A null in the file, as in `key:` alone, leaves the setting unset.
+    fn file_value(&self, key: &str) -> Option<(&Path, &Value)> {
+        let (path, values) = self.file.as_ref()?;
+        values
+            .get(key)
+            .filter(|value| !value.is_null())
+            .map(|value| (*path, value))
+    }
+
+    /// Where a setting's value came from, for a check made after merging.
+    fn origin<'s>(&'s self, setting: &'s dyn Describe) -> Origin<'s> {
+        let source = self.matches.and_then(|m| m.value_source(setting.flag()));
+        match (source, &self.file) {
+            (Some(ValueSource::EnvVariable), _) => Origin::Env(setting.env()),
+            (Some(ValueSource::DefaultValue) | None, Some((path, _))) => {
+                Origin::File(path, setting.flag())
+            }
+            _ => Origin::Flag(setting.flag()),
+        }
+    }
+}
+
+/// The settings in `--help` order, each with its doc comment.
+fn listed() -> Vec<(&'static dyn Describe, &'static str)> {
+    let mut listed = DECLARED.each();
+    listed.sort_by_key(|(setting, _)| setting.shown_last());
+    listed
+}
+
+/// The doc comment as clap's derive shows it, without the closing period.
+fn help_text(doc: &str) -> String {
+    let doc = doc.trim();
+    doc.strip_suffix('.').unwrap_or(doc).to_owned()
+}
+
+/// The part every flag shares: a long name, its variable and its value's name in `--help`;
+/// global, so it may follow the subcommand.
+fn flag_arg(flag: &'static str, env: &'static str, value_name: &'static str) -> Arg {
+    Arg::new(flag)
+        .long(flag)
+        .env(env)
+        .value_name(value_name)
+        .global(true)
+}
+
+fn cli() -> clap::Command {
+    let mut args: Vec<Arg> = listed()
+        .into_iter()
+        .map(|(setting, doc)| setting.arg().help(help_text(doc)))
+        .collect();
+    let config = flag_arg("config", "EFA_DP_CONFIG", "FILE")
+        .value_parser(clap::value_parser!(PathBuf))
+        .help("YAML file with any of these options, keyed by their long names");
+    // --help names the file right after the settings a deployment sets most often.
+    let at = args
+        .iter()
+        .position(|arg| arg.get_id() == "rescan-interval")
+        .map_or(args.len(), |at| at + 1);
+    args.insert(at, config);
+    Cli::command().args(args)
+}
+
+/// Parses the command line (and environment, and config file) into a command and its settings.
+pub fn parse<I, T>(args: I) -> Result<(Command, Settings), clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = cli().try_get_matches_from(args)?;
+    let command = Cli::from_arg_matches(&matches)?
+        .command
+        .unwrap_or(Command::Run);
+    let settings = settings_from(&matches)
+        .map_err(|err| cli().error(clap::error::ErrorKind::ValueValidation, err.0))?;
+    Ok((command, settings))
+}
+
+fn settings_from(matches: &ArgMatches) -> Result<Settings, ConfigError> {
+    let file = match matches.get_one::<PathBuf>("config") {
+        Some(path) => Some((path.as_path(), read_file(path)?)),
+        None => None,
+    };
+    let given = Given {
+        matches: Some(matches),
+        file,
+    };
+    let settings = DECLARED.resolve(&given)?;
+    let origin = given.origin(DECLARED.resource_name);
+    validate_resource_name(&settings.resource_name)
+        .map_err(|err| ConfigError(format!("{origin}: {err}")))?;
+    if settings.device_list_strategy == DeviceListStrategy::Cdi {
+        crate::cdi::Kind::of(&settings.resource_name).map_err(|err| {
+            ConfigError(format!(
+                "{origin}: {err} (needed by --device-list-strategy=cdi)"
+            ))
+        })?;
+    }
+    Ok(settings)
+}
+
+fn parse_path(text: &str) -> Result<PathBuf, String> {
+    Ok(PathBuf::from(text))
+}
+
+fn parse_text(text: &str) -> Result<String, String> {
+    Ok(text.to_owned())
+}
+
+fn parse_sharing(text: &str) -> Result<Sharing, String> {
+    parse_replicas(text).map(Sharing::replicas)
+}
+
+fn choices<E: ValueEnum>() -> Vec<PossibleValue> {
+    E::value_variants()
+        .iter()
+        .filter_map(ValueEnum::to_possible_value)
+        .collect()
+}
+
+/// One of an enum's words, e.g. `text` or `json`.
+fn parse_choice<E: ValueEnum>(text: &str) -> Result<E, String> {
+    E::from_str(text, false).map_err(|_| {
+        let choices = choices::<E>();
+        let names: Vec<&str> = choices.iter().map(PossibleValue::get_name).collect();
+        format!("invalid value {text:?}: use {}", names.join(" or "))
+    })
+}
 /// Writes a disabled option as the empty string that disables it on the command line.
 fn serialize_optional<T: fmt::Display, S: serde::Serializer>(
     value: &Option<T>,
@@ -587,58 +783,6 @@ impl fmt::Display for Origin<'_> {
     }
 }
 
-/// Merges one setting: a flag or env value wins; otherwise the file's value, parsed like a flag.
-struct Merge<'a> {
-    matches: &'a ArgMatches,
-    path: Option<&'a Path>,
-}
-
-impl Merge<'_> {
-    fn pick<T>(
-        &self,
-        key: &str,
-        given: T,
-        from_file: Option<String>,
-        parse: impl Fn(&str) -> Result<T, String>,
-    ) -> Result<T, ConfigError> {
-        self.pick_nested(key, key, given, from_file, parse)
-    }
-
-    /// Like [`Merge::pick`] for a setting the file spells differently, e.g. `sharing.replicas`.
-    fn pick_nested<T>(
-        &self,
-        key: &str,
-        file_key: &str,
-        given: T,
-        from_file: Option<String>,
-        parse: impl Fn(&str) -> Result<T, String>,
-    ) -> Result<T, ConfigError> {
-        let id = key.replace('-', "_");
-        if self.matches.value_source(&id) != Some(ValueSource::DefaultValue) {
-            return Ok(given);
-        }
-        match (from_file, self.path) {
-            (Some(text), Some(path)) => parse(&text)
-                .map_err(|err| ConfigError(format!("{}: {err}", Origin::File(path, file_key)))),
-            _ => Ok(given),
-        }
-    }
-
-    fn origin<'k>(&self, key: &'k str, env: &'k str) -> Origin<'k>
-    where
-        Self: 'k,
-    {
-        match self.matches.value_source(&key.replace('-', "_")) {
-            Some(ValueSource::EnvVariable) => Origin::Env(env),
-            Some(ValueSource::DefaultValue) | None => match self.path {
-                Some(path) => Origin::File(path, key),
-                None => Origin::Flag(key),
-            },
-            _ => Origin::Flag(key),
-        }
-    }
-}
-
 /// A config file is a few hundred bytes; the cap keeps a wrong path (a log, a disk image) from
 /// being read whole.
 pub const CONFIG_SIZE_LIMIT: u64 = 1 << 20;
@@ -646,12 +790,18 @@ pub const CONFIG_SIZE_LIMIT: u64 = 1 << 20;
 /// deeper input is refused before it is parsed.
 pub const CONFIG_DEPTH_LIMIT: usize = 32;
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+/// The config file's values by their dotted key, e.g. `sharing.replicas`.
+type FileValues = BTreeMap<&'static str, Value>;
+
+/// Reads the file given by `--config`. Its keys are checked while it is parsed, so an unknown
+/// one (a typo would otherwise fall back to a default) is reported at its line.
+fn read_file(path: &Path) -> Result<FileValues, ConfigError> {
     let problem = |what: String| ConfigError(format!("config file {}: {what}", path.display()));
     let text = crate::fsread::read_text(path, CONFIG_SIZE_LIMIT)
         .map_err(|err| problem(err.to_string()))?;
+    let mut values = FileValues::new();
     if text.trim().is_empty() {
-        return Ok(FileConfig::default());
+        return Ok(values);
     }
     let depth = nesting_depth(&text);
     if depth > CONFIG_DEPTH_LIMIT {
@@ -659,209 +809,130 @@ fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
             "nested {depth} levels deep, more than the {CONFIG_DEPTH_LIMIT} allowed"
         )));
     }
-    serde_yaml::from_str(&text).map_err(|err| {
-        ConfigError(format!(
-            "config file {}: {}",
-            path.display(),
-            err.to_string().replace('\n', " ")
-        ))
-    })
-}
-
-/// Parses the command line (and environment, and config file) into a command and its settings.
-pub fn parse<I, T>(args: I) -> Result<(Command, Settings), clap::Error>
-where
-    I: IntoIterator<Item = T>,
-    T: Into<std::ffi::OsString> + Clone,
-{
-    let matches = Cli::command().try_get_matches_from(args)?;
-    let cli = Cli::from_arg_matches(&matches)?;
-    let command = cli.command.clone().unwrap_or(Command::Run);
-    let settings = settings_from(&cli.options, &matches)
-        .map_err(|err| Cli::command().error(clap::error::ErrorKind::ValueValidation, err.0))?;
-    Ok((command, settings))
-}
-
-fn settings_from(options: &Options, matches: &ArgMatches) -> Result<Settings, ConfigError> {
-    let file = match &options.config {
-        Some(path) => read_file(path)?,
-        None => FileConfig::default(),
-    };
-    let merge = Merge {
-        matches,
-        path: options.config.as_deref(),
-    };
-    let path = |text: &str| Ok(PathBuf::from(text));
-    let settings = Settings {
-        sysfs_root: merge.pick(
-            "sysfs-root",
-            options.sysfs_root.clone(),
-            file.sysfs_root.map(|p| p.display().to_string()),
-            path,
-        )?,
-        dev_root: merge.pick(
-            "dev-root",
-            options.dev_root.clone(),
-            file.dev_root.map(|p| p.display().to_string()),
-            path,
-        )?,
-        device_plugin_dir: merge.pick(
-            "device-plugin-dir",
-            options.device_plugin_dir.clone(),
-            file.device_plugin_dir.map(|p| p.display().to_string()),
-            path,
-        )?,
-        resource_name: merge.pick(
-            "resource-name",
-            options.resource_name.clone(),
-            file.resource_name,
-            |text| Ok(text.to_owned()),
-        )?,
-        rescan_interval: merge.pick(
-            "rescan-interval",
-            options.rescan_interval,
-            file.rescan_interval,
-            parse_interval,
-        )?,
-        log_format: merge.pick("log-format", options.log_format, file.log_format, |text| {
-            LogFormat::from_str(text, false)
-                .map_err(|_| format!("invalid value {text:?}: use text or json"))
-        })?,
-        log_level: merge.pick(
-            "log-level",
-            options.log_level.clone(),
-            file.log_level,
-            |text| Ok(text.to_owned()),
-        )?,
-        sharing: Sharing::replicas(
-            merge.pick_nested(
-                "sharing-replicas",
-                "sharing.replicas",
-                options.sharing_replicas,
-                file.sharing
-                    .and_then(|sharing| sharing.replicas)
-                    .map(|value| yaml_scalar(&value)),
-                parse_replicas,
-            )?,
-        ),
-        metrics_address: merge.pick(
-            "metrics-address",
-            options.metrics_address,
-            file.metrics_address,
-            parse_metrics_address,
-        )?,
-        pod_resources_socket: merge.pick(
-            "pod-resources-socket",
-            options.pod_resources_socket.clone(),
-            file.pod_resources_socket.map(|p| p.display().to_string()),
-            path,
-        )?,
-        plugins_registry_dir: merge.pick(
-            "plugins-registry-dir",
-            options.plugins_registry_dir.clone(),
-            file.plugins_registry_dir.map(|p| p.display().to_string()),
-            path,
-        )?,
-        dra_drivers: merge.pick(
-            "dra-drivers",
-            options.dra_drivers.clone(),
-            file.dra_drivers.map(|names| names.join(",")),
-            parse_driver_names,
-        )?,
-        allow_dra_coexistence: merge.pick(
-            "allow-dra-coexistence",
-            options.allow_dra_coexistence,
-            file.allow_dra_coexistence.map(|b| b.to_string()),
-            parse_bool,
-        )?,
-        nfd_features_file: merge.pick(
-            "nfd-features-file",
-            options.nfd_features_file.clone(),
-            file.nfd_features_file.map(|p| p.display().to_string()),
-            parse_optional_path,
-        )?,
-        device_list_strategy: merge.pick(
-            "device-list-strategy",
-            options.device_list_strategy,
-            file.device_list_strategy,
-            |text| {
-                DeviceListStrategy::from_str(text, false)
-                    .map_err(|_| format!("invalid value {text:?}: use device-specs or cdi"))
-            },
-        )?,
-        cdi_spec_dir: merge.pick(
-            "cdi-spec-dir",
-            options.cdi_spec_dir.clone(),
-            file.cdi_spec_dir.map(|p| p.display().to_string()),
-            path,
-        )?,
-        allocate: AllocateSettings {
-            env: allocate_env(&merge, options, file.allocate.and_then(|a| a.env))?,
-        },
-        counter_pod_labels: merge.pick(
-            "counter-pod-labels",
-            options.counter_pod_labels,
-            file.counter_pod_labels.map(|b| b.to_string()),
-            parse_bool,
-        )?,
-        test_only_regular_file_nodes: options.test_only_regular_file_nodes,
-    };
-    validate_resource_name(&settings.resource_name).map_err(|err| {
-        ConfigError(format!(
-            "{}: {err}",
-            merge.origin("resource-name", "EFA_DP_RESOURCE_NAME")
-        ))
-    })?;
-    if settings.device_list_strategy == DeviceListStrategy::Cdi {
-        crate::cdi::Kind::of(&settings.resource_name).map_err(|err| {
-            ConfigError(format!(
-                "{}: {err} (needed by --device-list-strategy=cdi)",
-                merge.origin("resource-name", "EFA_DP_RESOURCE_NAME")
-            ))
-        })?;
-    }
-    Ok(settings)
-}
-
-/// The flag's or variable's pairs when given, else the file's map, each entry checked alike.
-fn allocate_env(
-    merge: &Merge,
-    options: &Options,
-    from_file: Option<BTreeMap<String, serde_yaml::Value>>,
-) -> Result<BTreeMap<String, String>, ConfigError> {
-    let given = options
-        .allocate_env
-        .iter()
-        .flat_map(|pairs| pairs.0.iter().cloned())
-        .collect();
-    if merge.matches.value_source("allocate_env").is_some() {
-        return Ok(given);
-    }
-    let (Some(entries), Some(path)) = (from_file, merge.path) else {
-        return Ok(given);
-    };
-    entries
+    let keys: Vec<&'static str> = listed()
         .into_iter()
-        .map(|(key, value)| {
-            let checked = match &value {
-                serde_yaml::Value::String(_)
-                | serde_yaml::Value::Number(_)
-                | serde_yaml::Value::Bool(_) => {
-                    let text = yaml_scalar(&value);
-                    validate_env(&key, &text).map(|()| text)
+        .filter_map(|(setting, _)| setting.file_key())
+        .collect();
+    let top = Level {
+        keys: &keys,
+        prefix: "",
+        values: &mut values,
+    };
+    top.deserialize(serde_yaml::Deserializer::from_str(&text))
+        .map_err(|err| problem(err.to_string().replace('\n', " ")))?;
+    Ok(values)
+}
+
+/// One mapping in the config file: the keys under `prefix`, e.g. `sharing.`.
+struct Level<'a> {
+    keys: &'a [&'static str],
+    prefix: &'a str,
+    values: &'a mut FileValues,
+}
+
+impl Level<'_> {
+    /// The names this mapping may hold: settings first, then groups, each in `--help` order.
+    fn names(&self) -> Vec<&'static str> {
+        let mut names: Vec<(bool, &'static str)> = Vec::new();
+        for rest in self
+            .keys
+            .iter()
+            .filter_map(|key| key.strip_prefix(self.prefix))
+        {
+            let name = rest
+                .split_once('.')
+                .map_or((false, rest), |(group, _)| (true, group));
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names.sort_by_key(|(group, _)| *group);
+        names.into_iter().map(|(_, name)| name).collect()
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Level<'_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Level<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a map of settings")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let names = self.names();
+        while let Some(name) = map.next_key_seed(Name(&names))? {
+            let key = self
+                .keys
+                .iter()
+                .find(|key| key.strip_prefix(self.prefix) == Some(name));
+            match key {
+                Some(key) => {
+                    if self.values.insert(key, map.next_value()?).is_some() {
+                        return Err(de::Error::duplicate_field(name));
+                    }
                 }
-                _ => Err(format!(
-                    "the value of {key} must be a string, number or boolean (use \"\" for empty)"
-                )),
-            };
-            checked.map(|text| (key.clone(), text)).map_err(|err| {
-                ConfigError(format!(
-                    "{}: {err}",
-                    Origin::File(path, &format!("allocate.env.{key}"))
-                ))
-            })
-        })
-        .collect()
+                None => map.next_value_seed(Level {
+                    keys: self.keys,
+                    prefix: &format!("{}{name}.", self.prefix),
+                    values: &mut *self.values,
+                })?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A key in the config file, refused unless it is one of the names given.
+struct Name<'a>(&'a [&'static str]);
+
+impl<'de> DeserializeSeed<'de> for Name<'_> {
+    type Value = &'static str;
+
+    fn deserialize<D: de::Deserializer<'de>>(
+        self,
+        deserializer: D,
+    ) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_identifier(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Name<'_> {
+    type Value = &'static str;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a setting name")
+    }
+
+    /// Worded like serde's own unknown-field error, which needs a list known at compile time.
+    fn visit_str<E: de::Error>(self, name: &str) -> Result<Self::Value, E> {
+        if let Some(known) = self.0.iter().find(|known| **known == name) {
+            return Ok(known);
+        }
+        let quoted: Vec<String> = self.0.iter().map(|known| format!("`{known}`")).collect();
+        Err(E::custom(match quoted.as_slice() {
+            [only] => format!("unknown field `{name}`, expected {only}"),
+            all => format!("unknown field `{name}`, expected one of {}", all.join(", ")),
+        }))
+    }
+}
+
+/// A YAML scalar as the text a flag would carry; a tag such as `!foo` is ignored.
+fn scalar_text(value: &Value) -> Result<String, String> {
+    match value {
+        Value::String(_) | Value::Number(_) | Value::Bool(_) => Ok(yaml_scalar(value)),
+        Value::Tagged(tagged) => scalar_text(&tagged.value),
+        Value::Null | Value::Sequence(_) | Value::Mapping(_) => {
+            Err("must be a string, number or boolean (use \"\" for empty)".to_owned())
+        }
+    }
 }
 
 /// An upper bound on how deep the YAML in `text` nests, found without parsing it: per line, its
@@ -976,5 +1047,52 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(settings, Settings::default());
+    }
+
+    #[test]
+    fn defaults_ignore_efa_dp_variables() {
+        const NAME: &str = "config::tests::defaults_ignore_efa_dp_variables";
+        if std::env::var_os("EFA_DP_RESCAN_INTERVAL").is_some() {
+            // In the child below: the variables are set, yet the declared defaults stand.
+            let settings = Settings::default();
+            assert_eq!(settings.rescan_interval, Duration::from_secs(5));
+            assert_eq!(settings.resource_name, "vpc.amazonaws.com/efa");
+            return;
+        }
+        // Setting a variable in this process is unsafe (and denied), so a child gets them.
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1"])
+            .env("EFA_DP_RESCAN_INTERVAL", "2s")
+            .env("EFA_DP_RESOURCE_NAME", "example.com/from-env")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&child.stdout);
+        assert!(child.status.success(), "{stdout}");
+        assert!(
+            stdout.contains("1 passed"),
+            "the child ran no test: {stdout}"
+        );
+    }
+
+    #[test]
+    fn variables_are_efa_dp_and_the_flag_name() {
+        for (setting, _) in DECLARED.each() {
+            let expected = format!("EFA_DP_{}", setting.flag().to_uppercase().replace('-', "_"));
+            assert_eq!(setting.env(), expected);
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_listed_like_serde_lists_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("typo.yaml");
+        std::fs::write(&path, "sharing:\n  replica: 2\n").unwrap();
+        let err = read_file(&path).unwrap_err().0;
+        assert!(
+            err.ends_with(
+                "sharing: unknown field `replica`, expected `replicas` at line 2 column 3"
+            ),
+            "{err}"
+        );
     }
 }
