@@ -19,7 +19,6 @@ use clap::{
     Arg, ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum,
 };
 use serde::Serialize;
-use serde::de::{self, DeserializeSeed, MapAccess, Visitor};
 use serde_yaml::Value;
 
 use crate::allocation::sharing::{Sharing, parse_replicas};
@@ -171,16 +170,6 @@ settings! {
     #[serde(serialize_with = "serialize_optional_path")]
     nfd_features_file: Option<PathBuf> = Setting::new("nfd-features-file",
         "EFA_DP_NFD_FEATURES_FILE", "FILE", "", parse_optional_path);
-    /// Label EFA hardware counters with the namespace, pod and container holding the device.
-    counter_pod_labels: bool = Setting::switch("counter-pod-labels", "EFA_DP_COUNTER_POD_LABELS",
-        "true").listed_last();
-    /// TEST ONLY: judge an empty regular file at a uverbs node path Healthy, for simulated nodes
-    /// built without CAP_MKNOD. Never set it on a real node.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
-    test_only_regular_file_nodes: bool = Setting::switch("test-only-regular-file-nodes",
-        "EFA_DP_TEST_ONLY_REGULAR_FILE_NODES", "false").listed_last()
-        // A test switch belongs on a test's command line, where it is seen; shown only when on.
-        .in_file(FileKey::Never);
     /// How Allocate hands devices to the runtime: device-specs (DeviceSpecs, every kubelet and
     /// runtime) or cdi (CDI names and a spec file; kubelet 1.28+ and a runtime with CDI on).
     device_list_strategy: DeviceListStrategy = Setting::choice("device-list-strategy",
@@ -194,6 +183,16 @@ settings! {
         flag: "allocate-env", env: "EFA_DP_ALLOCATE_ENV", value_name: "KEY=VALUE",
         file: "allocate.env",
     };
+    /// Label EFA hardware counters with the namespace, pod and container holding the device.
+    counter_pod_labels: bool = Setting::switch("counter-pod-labels", "EFA_DP_COUNTER_POD_LABELS",
+        "true");
+    /// TEST ONLY: judge an empty regular file at a uverbs node path Healthy, for simulated nodes
+    /// built without CAP_MKNOD. Never set it on a real node.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    test_only_regular_file_nodes: bool = Setting::switch("test-only-regular-file-nodes",
+        "EFA_DP_TEST_ONLY_REGULAR_FILE_NODES", "false")
+        // A test switch belongs on a test's command line, where it is seen; shown only when on.
+        .in_file(FileKey::Never);
 }
 
 impl Default for Settings {
@@ -213,9 +212,6 @@ trait Describe {
     fn arg(&self) -> Arg;
     /// The dotted key in the config file; `None` when the file may not set it.
     fn file_key(&self) -> Option<&'static str>;
-    fn shown_last(&self) -> bool {
-        false
-    }
 }
 
 trait Resolve<T>: Describe {
@@ -249,8 +245,6 @@ struct Setting<T> {
     switch: bool,
     /// The words clap lists in `--help` and in its own error; empty for free text.
     choices: fn() -> Vec<PossibleValue>,
-    /// Listed after the other settings in `--help`.
-    shown_last: bool,
 }
 
 impl<T> Setting<T> {
@@ -271,19 +265,11 @@ impl<T> Setting<T> {
             file: FileKey::Flag,
             switch: false,
             choices: Vec::new,
-            shown_last: false,
         }
     }
 
     const fn in_file(self, file: FileKey) -> Self {
         Setting { file, ..self }
-    }
-
-    const fn listed_last(self) -> Self {
-        Setting {
-            shown_last: true,
-            ..self
-        }
     }
 }
 
@@ -341,10 +327,6 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
             FileKey::Named(key) => Some(key),
             FileKey::Never => None,
         }
-    }
-
-    fn shown_last(&self) -> bool {
-        self.shown_last
     }
 }
 
@@ -479,13 +461,6 @@ impl Given<'_> {
     }
 }
 
-/// The settings in `--help` order, each with its doc comment.
-fn listed() -> Vec<(&'static dyn Describe, &'static str)> {
-    let mut listed = DECLARED.each();
-    listed.sort_by_key(|(setting, _)| setting.shown_last());
-    listed
-}
-
 /// The doc comment as clap's derive shows it, without the closing period.
 fn help_text(doc: &str) -> String {
     let doc = doc.trim();
@@ -503,20 +478,14 @@ fn flag_arg(flag: &'static str, env: &'static str, value_name: &'static str) -> 
 }
 
 fn cli() -> clap::Command {
-    let mut args: Vec<Arg> = listed()
-        .into_iter()
-        .map(|(setting, doc)| setting.arg().help(help_text(doc)))
-        .collect();
     let config = flag_arg("config", "EFA_DP_CONFIG", "FILE")
         .value_parser(clap::value_parser!(PathBuf))
         .help("YAML file with any of these options, keyed by their long names");
-    // --help names the file right after the settings a deployment sets most often.
-    let at = args
-        .iter()
-        .position(|arg| arg.get_id() == "rescan-interval")
-        .map_or(args.len(), |at| at + 1);
-    args.insert(at, config);
-    Cli::command().args(args)
+    let settings = DECLARED
+        .each()
+        .into_iter()
+        .map(|(setting, doc)| setting.arg().help(help_text(doc)));
+    Cli::command().arg(config).args(settings)
 }
 
 /// Parses the command line (and environment, and config file) into a command and its settings.
@@ -793,8 +762,7 @@ pub const CONFIG_DEPTH_LIMIT: usize = 32;
 /// The config file's values by their dotted key, e.g. `sharing.replicas`.
 type FileValues = BTreeMap<&'static str, Value>;
 
-/// Reads the file given by `--config`. Its keys are checked while it is parsed, so an unknown
-/// one (a typo would otherwise fall back to a default) is reported at its line.
+/// Reads the file given by `--config` into its values by dotted key.
 fn read_file(path: &Path) -> Result<FileValues, ConfigError> {
     let problem = |what: String| ConfigError(format!("config file {}: {what}", path.display()));
     let text = crate::fsread::read_text(path, CONFIG_SIZE_LIMIT)
@@ -809,119 +777,44 @@ fn read_file(path: &Path) -> Result<FileValues, ConfigError> {
             "nested {depth} levels deep, more than the {CONFIG_DEPTH_LIMIT} allowed"
         )));
     }
-    let keys: Vec<&'static str> = listed()
+    let document: Value =
+        serde_yaml::from_str(&text).map_err(|err| problem(err.to_string().replace('\n', " ")))?;
+    let keys: Vec<&'static str> = DECLARED
+        .each()
         .into_iter()
         .filter_map(|(setting, _)| setting.file_key())
         .collect();
-    let top = Level {
-        keys: &keys,
-        prefix: "",
-        values: &mut values,
-    };
-    top.deserialize(serde_yaml::Deserializer::from_str(&text))
-        .map_err(|err| problem(err.to_string().replace('\n', " ")))?;
+    collect(&document, "", &keys, &mut values).map_err(problem)?;
     Ok(values)
 }
 
-/// One mapping in the config file: the keys under `prefix`, e.g. `sharing.`.
-struct Level<'a> {
-    keys: &'a [&'static str],
-    prefix: &'a str,
-    values: &'a mut FileValues,
-}
-
-impl Level<'_> {
-    /// The names this mapping may hold: settings first, then groups, each in `--help` order.
-    fn names(&self) -> Vec<&'static str> {
-        let mut names: Vec<(bool, &'static str)> = Vec::new();
-        for rest in self
-            .keys
+/// Files the entries of one mapping, the document or a group such as `sharing:`, under their
+/// dotted keys. An unknown key is an error, so a typo cannot silently fall back to a default.
+fn collect(
+    mapping: &Value,
+    prefix: &str,
+    keys: &[&'static str],
+    values: &mut FileValues,
+) -> Result<(), String> {
+    let Value::Mapping(entries) = mapping else {
+        return Err(format!("{prefix}expected a map of settings"));
+    };
+    for (name, value) in entries {
+        let dotted = format!("{prefix}{}", yaml_scalar(name));
+        if let Some(key) = keys.iter().find(|key| **key == dotted) {
+            values.insert(key, value.clone());
+        } else if keys
             .iter()
-            .filter_map(|key| key.strip_prefix(self.prefix))
+            .any(|key| key.starts_with(&format!("{dotted}.")))
         {
-            let name = rest
-                .split_once('.')
-                .map_or((false, rest), |(group, _)| (true, group));
-            if !names.contains(&name) {
-                names.push(name);
-            }
+            collect(value, &format!("{dotted}."), keys, values)?;
+        } else {
+            return Err(format!(
+                "unknown key `{dotted}` (the keys are the long flag names, see --help)"
+            ));
         }
-        names.sort_by_key(|(group, _)| *group);
-        names.into_iter().map(|(_, name)| name).collect()
     }
-}
-
-impl<'de> DeserializeSeed<'de> for Level<'_> {
-    type Value = ();
-
-    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Level<'_> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a map of settings")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        let names = self.names();
-        while let Some(name) = map.next_key_seed(Name(&names))? {
-            let key = self
-                .keys
-                .iter()
-                .find(|key| key.strip_prefix(self.prefix) == Some(name));
-            match key {
-                Some(key) => {
-                    if self.values.insert(key, map.next_value()?).is_some() {
-                        return Err(de::Error::duplicate_field(name));
-                    }
-                }
-                None => map.next_value_seed(Level {
-                    keys: self.keys,
-                    prefix: &format!("{}{name}.", self.prefix),
-                    values: &mut *self.values,
-                })?,
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A key in the config file, refused unless it is one of the names given.
-struct Name<'a>(&'a [&'static str]);
-
-impl<'de> DeserializeSeed<'de> for Name<'_> {
-    type Value = &'static str;
-
-    fn deserialize<D: de::Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_identifier(self)
-    }
-}
-
-impl<'de> Visitor<'de> for Name<'_> {
-    type Value = &'static str;
-
-    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a setting name")
-    }
-
-    /// Worded like serde's own unknown-field error, which needs a list known at compile time.
-    fn visit_str<E: de::Error>(self, name: &str) -> Result<Self::Value, E> {
-        if let Some(known) = self.0.iter().find(|known| **known == name) {
-            return Ok(known);
-        }
-        let quoted: Vec<String> = self.0.iter().map(|known| format!("`{known}`")).collect();
-        Err(E::custom(match quoted.as_slice() {
-            [only] => format!("unknown field `{name}`, expected {only}"),
-            all => format!("unknown field `{name}`, expected one of {}", all.join(", ")),
-        }))
-    }
+    Ok(())
 }
 
 /// A YAML scalar as the text a flag would carry; a tag such as `!foo` is ignored.
@@ -1083,16 +976,17 @@ mod tests {
     }
 
     #[test]
-    fn unknown_keys_are_listed_like_serde_lists_fields() {
+    fn unknown_keys_are_named_with_their_group() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("typo.yaml");
-        std::fs::write(&path, "sharing:\n  replica: 2\n").unwrap();
-        let err = read_file(&path).unwrap_err().0;
-        assert!(
-            err.ends_with(
-                "sharing: unknown field `replica`, expected `replicas` at line 2 column 3"
-            ),
-            "{err}"
-        );
+        for (text, named) in [
+            ("sharing:\n  replica: 2\n", "unknown key `sharing.replica`"),
+            ("sharing: 2\n", "sharing.expected a map of settings"),
+            ("rescan-interval: 1s\nrescan-interval: 2s\n", "duplicate"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = read_file(&path).unwrap_err().0;
+            assert!(err.contains(named), "{text:?}: {err}");
+        }
     }
 }
