@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::fswatch::DirWatch;
+use crate::fswatch::WatchedDir;
 use crate::state::DeviceState;
 
 /// While a conflict lasts it is logged again this often, so it is in any recent log excerpt.
@@ -108,34 +108,17 @@ impl Guard {
 
     /// Re-checks on every change of the dir, and every `interval` in any case.
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let mut watch: Option<DirWatch> = None;
+        let mut dir = WatchedDir::new(self.dir.clone());
         let mut ticker = tokio::time::interval_at(Instant::now() + self.interval, self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if watch.as_ref().is_some_and(DirWatch::is_dead) {
-                watch = None;
-            }
-            // Only a dir that exists can be watched; trying anyway would open and close an
-            // inotify descriptor on every pass.
-            if watch.is_none() && self.dir.is_dir() {
-                watch = DirWatch::new(&self.dir).ok();
-            }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
-                _ = next_change(&mut watch) => {}
+                () = dir.changed() => {}
             }
             self.refresh().await;
         }
-    }
-}
-
-async fn next_change(watch: &mut Option<DirWatch>) {
-    match watch {
-        Some(w) => {
-            let _ = w.next().await;
-        }
-        None => std::future::pending().await,
     }
 }
 

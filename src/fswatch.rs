@@ -4,7 +4,7 @@
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::Interest;
@@ -40,6 +40,8 @@ impl DirWatch {
     /// Entry creations, deletions and renames, plus attribute changes (a device node replaced in
     /// place by `mknod` after `rm` shows as delete + create; a `chmod` as attrib).
     pub fn new(dir: &Path) -> io::Result<Self> {
+        #[cfg(test)]
+        INOTIFY_INITS.with(|inits| inits.set(inits.get() + 1));
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
         inotify.add_watch(
             dir,
@@ -96,5 +98,117 @@ impl DirWatch {
                 }
             }
         }
+    }
+}
+
+/// A directory watched across the passes of a periodic rescan, through its absence, its deletion
+/// and its recreation: the directory that holds device nodes appears only once the driver created
+/// one, and the kubelet's registry dir may come and go. While it cannot be watched, the caller's
+/// rescan tick covers it and each pass tries again.
+pub struct WatchedDir {
+    dir: PathBuf,
+    watch: Option<DirWatch>,
+}
+
+impl WatchedDir {
+    pub fn new(dir: PathBuf) -> Self {
+        WatchedDir { dir, watch: None }
+    }
+
+    /// Resolves on the next change in the directory, or when it goes away; never while it cannot
+    /// be watched. The watch is set up when this is called, not when the future is first polled,
+    /// so a change during the caller's next pass wakes it even if another `select!` branch won.
+    pub fn changed(&mut self) -> impl Future<Output = ()> + '_ {
+        self.rearm();
+        async move {
+            match &mut self.watch {
+                Some(watch) => {
+                    // A dead watch never fires again, and one that failed to read would fail
+                    // again at once: either way the next pass sets it up anew.
+                    if watch.next().await.is_err() {
+                        self.watch = None;
+                    }
+                }
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    /// Stats the directory before opening an inotify instance: a node without EFA has no
+    /// directory to watch, and trying anyway would open and close a descriptor on every pass.
+    /// Keeping one instance and retrying only `add_watch` would also avoid that, but would hold
+    /// a descriptor for nothing on such nodes, and after a deletion would have to tell the old
+    /// watch's queued events from the new one's.
+    fn rearm(&mut self) {
+        if self.watch.is_none() && self.dir.is_dir() {
+            self.watch = DirWatch::new(&self.dir).ok();
+        }
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// inotify instances this thread opened: tests run in parallel threads of one process, so
+    /// counting descriptors in `/proc/self/fd` would see the other tests' watches too.
+    static INOTIFY_INITS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// How many inotify instances the current thread has opened so far.
+#[cfg(test)]
+pub(crate) fn inotify_inits() -> usize {
+    INOTIFY_INITS.with(std::cell::Cell::get)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::time::timeout;
+
+    /// Whether `changed`, called before `change`, resolves soon after it.
+    async fn fires(watched: &mut WatchedDir, change: impl FnOnce() -> io::Result<()>) -> bool {
+        let changed = watched.changed();
+        change().unwrap();
+        timeout(Duration::from_secs(5), changed).await.is_ok()
+    }
+
+    /// Makes `passes` passes that see no change; returns the inotify instances they opened.
+    async fn idle_passes(watched: &mut WatchedDir, passes: usize) -> usize {
+        let inits = inotify_inits();
+        for _ in 0..passes {
+            assert!(timeout(Duration::ZERO, watched.changed()).await.is_err());
+        }
+        inotify_inits() - inits
+    }
+
+    #[tokio::test]
+    async fn a_missing_dir_is_retried_without_a_descriptor_and_watched_once_it_exists() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("infiniband");
+        let mut watched = WatchedDir::new(dir.clone());
+        assert_eq!(idle_passes(&mut watched, 100).await, 0, "a missing dir");
+
+        let inits = inotify_inits();
+        let node = dir.join("uverbs0");
+        std::fs::create_dir(&dir).unwrap();
+        assert!(fires(&mut watched, || std::fs::write(&node, b"")).await);
+        assert!(fires(&mut watched, || std::fs::remove_file(&node)).await);
+        assert_eq!(idle_passes(&mut watched, 100).await, 0, "a watched dir");
+        assert_eq!(
+            inotify_inits() - inits,
+            1,
+            "one instance while the dir lasts"
+        );
+
+        assert!(fires(&mut watched, || std::fs::remove_dir(&dir)).await);
+        assert_eq!(idle_passes(&mut watched, 100).await, 0, "a deleted dir");
+
+        std::fs::create_dir(&dir).unwrap();
+        assert!(fires(&mut watched, || std::fs::write(&node, b"")).await);
+        assert_eq!(
+            inotify_inits() - inits,
+            2,
+            "the recreated dir is watched anew"
+        );
     }
 }

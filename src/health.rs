@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::discovery::{self, DevNum, Efa, ListingError, Problem, Reads};
 use crate::fsread;
-use crate::fswatch::DirWatch;
+use crate::fswatch::WatchedDir;
 use crate::state::{Change, DeviceRecord, DeviceState, Observation, Verdict};
 
 /// Where a device's node lives on the host: `<dev-root>/infiniband/<uverbs>`.
@@ -382,37 +382,18 @@ impl Monitor {
     }
 
     pub async fn run(mut self, shutdown: CancellationToken) {
-        let nodes_dir = self.dev_root.join("infiniband");
-        let mut watch: Option<DirWatch> = None;
+        let mut nodes_dir = WatchedDir::new(self.dev_root.join("infiniband"));
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            if watch.is_none() {
-                // The directory appears only once the driver created a node; until then the
-                // periodic rescan covers it and each pass tries to watch again.
-                watch = DirWatch::new(&nodes_dir).ok();
-            }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
-                () = next_events(&mut watch) => tokio::time::sleep(SETTLE).await,
+                () = nodes_dir.changed() => tokio::time::sleep(SETTLE).await,
             }
             self.refresh().await;
         }
-    }
-}
-
-/// Resolves on any change of the watched node directory; drops a dead watch so the next pass
-/// sets it up again.
-async fn next_events(watch: &mut Option<DirWatch>) {
-    match watch {
-        Some(w) => {
-            if w.next().await.is_err() {
-                *watch = None;
-            }
-        }
-        None => std::future::pending().await,
     }
 }
 
@@ -534,6 +515,53 @@ mod tests {
         assert!(started.elapsed() < PASS_DEADLINE);
         assert_eq!(stuck(&state), discovery::STILL_READING);
         assert_eq!(health(&state).iter().filter(|(_, ok)| *ok).count(), 3);
+    }
+
+    static PASSES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+    fn counted_pass(_: &Path, _: &Path, _: bool, _: &Reads) -> Observed {
+        PASSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Observed::default()
+    }
+
+    /// Lets `monitor.run` go on, on this thread, until it has made `more` further passes.
+    async fn passes(more: usize) {
+        let target = PASSES.load(std::sync::atomic::Ordering::SeqCst) + more;
+        while PASSES.load(std::sync::atomic::Ordering::SeqCst) < target {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn rescans_of_a_node_without_efa_open_no_inotify_instance() {
+        let root = tempfile::tempdir().unwrap();
+        let mut monitor = Monitor::new(
+            root.path().join("sys"),
+            root.path().join("dev"),
+            Duration::from_millis(1),
+            DeviceState::default(),
+        );
+        monitor.observer = counted_pass;
+        let shutdown = CancellationToken::new();
+        // The test's runtime has one thread, so the monitor's inotify instances are counted here.
+        let run = tokio::spawn(monitor.run(shutdown.clone()));
+        let inits = crate::fswatch::inotify_inits();
+        passes(100).await;
+        assert_eq!(
+            crate::fswatch::inotify_inits() - inits,
+            0,
+            "inotify instances for 100 rescans without <dev-root>/infiniband"
+        );
+
+        std::fs::create_dir_all(root.path().join("dev/infiniband")).unwrap();
+        passes(100).await;
+        assert_eq!(
+            crate::fswatch::inotify_inits() - inits,
+            1,
+            "the dir, once there, is watched by one instance"
+        );
+        shutdown.cancel();
+        run.await.unwrap();
     }
 
     #[test]
