@@ -26,13 +26,13 @@ use crate::telemetry::pod_resources::PodResources;
 
 /// Handles a caller keeps on a running plugin.
 #[derive(Clone)]
-pub struct Plugin {
+pub(crate) struct Plugin {
     pub state: DeviceState,
     pub status: Arc<watch::Sender<PluginStatus>>,
 }
 
 impl Plugin {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Plugin {
             state: DeviceState::default(),
             status: Arc::new(watch::Sender::new(PluginStatus::default())),
@@ -41,7 +41,7 @@ impl Plugin {
 
     /// Scans once, then keeps devices current and the kubelet registration alive until
     /// `shutdown`. Returns once the plugin's socket is removed.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         settings: &Settings,
         shutdown: CancellationToken,

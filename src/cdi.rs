@@ -26,7 +26,7 @@ use crate::state::{DeviceReader, Inventory};
 /// The spec's kind is the resource name, so several resources of one node never share a file or
 /// a device name space.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Kind {
+pub(crate) struct Kind {
     pub vendor: String,
     pub class: String,
 }
@@ -34,7 +34,7 @@ pub struct Kind {
 impl Kind {
     /// The kind for `resource_name`, or why CDI cannot name it: CDI's vendor and class must
     /// start with a letter, end with a letter or digit, and hold only those, `_`, `-` and `.`.
-    pub fn of(resource_name: &str) -> Result<Kind, String> {
+    pub(crate) fn of(resource_name: &str) -> Result<Kind, String> {
         let (vendor, class) = resource_name
             .split_once('/')
             .ok_or_else(|| format!("{resource_name:?} has no '/' to split into a CDI kind"))?;
@@ -58,12 +58,12 @@ impl Kind {
     }
 
     /// The fully-qualified name the runtime resolves: `vendor/class=name`.
-    pub fn qualified(&self, device: &str) -> String {
+    pub(crate) fn qualified(&self, device: &str) -> String {
         format!("{}/{}={}", self.vendor, self.class, device)
     }
 
     /// The spec file in `dir`, named as the CDI library names the specs it writes.
-    pub fn spec_path(&self, dir: &Path) -> PathBuf {
+    pub(crate) fn spec_path(&self, dir: &Path) -> PathBuf {
         dir.join(format!("{}-{}.json", self.vendor, self.class))
     }
 }
@@ -79,7 +79,7 @@ impl std::fmt::Display for Kind {
 /// `_ - . :`, starting and ending with a letter or digit). An ID that is not valid (no kernel
 /// names a PCI function so) becomes `id-` and the hex of its bytes: still unique, and never
 /// a PCI address.
-pub fn device_name(id: &str) -> String {
+pub(crate) fn device_name(id: &str) -> String {
     let bytes = id.as_bytes();
     let valid = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
         && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
@@ -159,7 +159,7 @@ impl Edits {
 
 /// What the spec says, besides the devices.
 #[derive(Clone, Debug)]
-pub struct SpecSettings {
+pub(crate) struct SpecSettings {
     pub kind: Kind,
     pub sharing: Sharing,
     pub env: BTreeMap<String, String>,
@@ -169,7 +169,7 @@ pub struct SpecSettings {
 /// that holds a device that turned unhealthy may still be restarted), once per advertised ID,
 /// each with its uverbs node at the path libibverbs expects. `None` without devices: CDI counts
 /// a spec with no device as an error, which runtimes would report for every container.
-pub fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<String> {
+pub(crate) fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<String> {
     let devices: Vec<Device> = inventory
         .devices()
         .flat_map(|record| {
@@ -210,7 +210,7 @@ pub fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<String> 
 
 /// Keeps the spec file in `dir` current until `shutdown`, then removes it; failed writes are
 /// retried every `retry` and counted in `failures`.
-pub async fn run(
+pub(crate) async fn run(
     dir: PathBuf,
     settings: SpecSettings,
     retry: Duration,
@@ -230,7 +230,7 @@ pub async fn run(
 
 /// Answers each allocated EFA by its CDI name and nothing else: the runtime takes the node (and
 /// the environment) from the spec.
-pub struct CdiDevices {
+pub(crate) struct CdiDevices {
     pub kind: Kind,
 }
 

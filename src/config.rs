@@ -78,7 +78,7 @@ pub enum DeviceListStrategy {
 
 /// `KEY=VALUE` pairs from one `--allocate-env` (or `EFA_DP_ALLOCATE_ENV`), in order.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct EnvPairs(pub Vec<(String, String)>);
+pub(crate) struct EnvPairs(pub Vec<(String, String)>);
 
 /// What every allocation gets besides its devices.
 #[derive(Serialize, Debug, Clone, PartialEq, Eq, Default)]
@@ -582,11 +582,11 @@ pub struct ConfigError(pub String);
 
 /// The shortest rescan interval: a full pass over a 256-EFA node takes a few milliseconds, so
 /// anything shorter would keep a core busy rescanning.
-pub const MIN_RESCAN_INTERVAL: Duration = Duration::from_millis(100);
+pub(crate) const MIN_RESCAN_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Parses a duration such as `500ms` or `2s`; below [`MIN_RESCAN_INTERVAL`] is refused because
 /// it would spin.
-pub fn parse_interval(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_interval(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text.trim())
         .map_err(|err| format!("invalid duration {text:?}: {err} (use e.g. 500ms, 2s, 1m)"))?;
     if d < MIN_RESCAN_INTERVAL {
@@ -600,7 +600,7 @@ pub fn parse_interval(text: &str) -> Result<Duration, String> {
 
 /// `host:port`, or empty for no endpoint. Only an IP literal: resolving a name would make start-up
 /// depend on DNS.
-pub fn parse_metrics_address(text: &str) -> Result<Option<SocketAddr>, String> {
+pub(crate) fn parse_metrics_address(text: &str) -> Result<Option<SocketAddr>, String> {
     let text = text.trim();
     if text.is_empty() {
         return Ok(None);
@@ -611,7 +611,7 @@ pub fn parse_metrics_address(text: &str) -> Result<Option<SocketAddr>, String> {
 }
 
 /// Comma-separated driver names, e.g. `dra.net,efa.example.com`.
-pub fn parse_driver_names(text: &str) -> Result<Vec<String>, String> {
+pub(crate) fn parse_driver_names(text: &str) -> Result<Vec<String>, String> {
     let names: Vec<String> = text
         .split(',')
         .map(str::trim)
@@ -626,7 +626,7 @@ pub fn parse_driver_names(text: &str) -> Result<Vec<String>, String> {
     }
 }
 
-pub fn parse_bool(text: &str) -> Result<bool, String> {
+pub(crate) fn parse_bool(text: &str) -> Result<bool, String> {
     match text.trim().to_ascii_lowercase().as_str() {
         "true" | "1" | "yes" | "on" => Ok(true),
         "false" | "0" | "no" | "off" => Ok(false),
@@ -636,7 +636,7 @@ pub fn parse_bool(text: &str) -> Result<bool, String> {
 
 /// One or more `KEY=VALUE` pairs. A comma starts another pair only when an `=` follows it
 /// before the next comma, so `NCCL_SOCKET_IFNAME=^lo,docker` stays one pair.
-pub fn parse_env_pairs(text: &str) -> Result<EnvPairs, String> {
+pub(crate) fn parse_env_pairs(text: &str) -> Result<EnvPairs, String> {
     let mut pairs: Vec<(String, String)> = Vec::new();
     for piece in text.split(',') {
         match (piece.split_once('='), pairs.last_mut()) {
@@ -657,7 +657,7 @@ pub fn parse_env_pairs(text: &str) -> Result<EnvPairs, String> {
 }
 
 /// What the runtime can set: a POSIX name, and a value that fits in a C string.
-pub fn validate_env(key: &str, value: &str) -> Result<(), String> {
+pub(crate) fn validate_env(key: &str, value: &str) -> Result<(), String> {
     if !is_env_name(key) {
         return Err(format!(
             "invalid environment variable name {key:?}: use letters, digits and '_', not starting with a digit"
@@ -688,7 +688,7 @@ fn parse_optional_path(text: &str) -> Result<Option<PathBuf>, String> {
 
 /// The kubelet's `IsExtendedResourceName`: `<dns-subdomain>/<name>`, outside `kubernetes.io`,
 /// and `requests.<name>` must still be a qualified name.
-pub fn validate_resource_name(name: &str) -> Result<(), String> {
+pub(crate) fn validate_resource_name(name: &str) -> Result<(), String> {
     let invalid = |why: &str| Err(format!("invalid extended resource name {name:?}: {why}"));
     let Some((prefix, base)) = name.split_once('/') else {
         return invalid("must contain '/', e.g. vpc.amazonaws.com/efa");
@@ -754,10 +754,10 @@ impl fmt::Display for Origin<'_> {
 
 /// A config file is a few hundred bytes; the cap keeps a wrong path (a log, a disk image) from
 /// being read whole.
-pub const CONFIG_SIZE_LIMIT: u64 = 1 << 20;
+pub(crate) const CONFIG_SIZE_LIMIT: u64 = 1 << 20;
 /// The schema nests two levels; the YAML parser's cost grows with the square of the depth, so
 /// deeper input is refused before it is parsed.
-pub const CONFIG_DEPTH_LIMIT: usize = 32;
+pub(crate) const CONFIG_DEPTH_LIMIT: usize = 32;
 
 /// The config file's values by their dotted key, e.g. `sharing.replicas`.
 type FileValues = BTreeMap<&'static str, Value>;

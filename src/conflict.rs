@@ -21,7 +21,7 @@ use crate::state::DeviceState;
 /// While a conflict lasts it is logged again this often, so it is in any recent log excerpt.
 const REMIND_EVERY: Duration = Duration::from_secs(60);
 
-pub struct Guard {
+pub(crate) struct Guard {
     pub dir: PathBuf,
     pub drivers: Vec<String>,
     /// How often to look again when inotify cannot watch the dir (it may not exist yet).
@@ -35,7 +35,7 @@ pub struct Guard {
 type Finder = fn(&Path, &[String]) -> Option<(String, PathBuf)>;
 
 /// The first socket in `dir` whose file name starts with one of `drivers`, as `(driver, path)`.
-pub fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, PathBuf)> {
+pub(crate) fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, PathBuf)> {
     let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
         .ok()?
         .flatten()
@@ -52,7 +52,12 @@ pub fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, PathBuf)> 
 }
 
 impl Guard {
-    pub fn new(dir: PathBuf, drivers: Vec<String>, interval: Duration, state: DeviceState) -> Self {
+    pub(crate) fn new(
+        dir: PathBuf,
+        drivers: Vec<String>,
+        interval: Duration,
+        state: DeviceState,
+    ) -> Self {
         Guard {
             dir,
             drivers,
@@ -66,7 +71,7 @@ impl Guard {
     /// Looks once and updates the device state; logs when a conflict starts or ends, and
     /// reminds of an ongoing one once a minute. The listing runs on the blocking pool: a
     /// crowded or slow dir must not stall the RPCs and probes that share the runtime thread.
-    pub async fn refresh(&mut self) {
+    pub(crate) async fn refresh(&mut self) {
         let (dir, drivers, find) = (self.dir.clone(), self.drivers.clone(), self.find);
         let found = match tokio::task::spawn_blocking(move || find(&dir, &drivers)).await {
             Ok(found) => found,
@@ -107,7 +112,7 @@ impl Guard {
     }
 
     /// Re-checks on every change of the dir, and every `interval` in any case.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
         let mut dir = WatchedDir::new(self.dir.clone());
         let mut ticker = tokio::time::interval_at(Instant::now() + self.interval, self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// The kernel driver name that marks an RDMA device as an EFA.
-pub const EFA_DRIVER: &str = "efa";
+pub(crate) const EFA_DRIVER: &str = "efa";
 
 /// A character device number as the kernel prints it in a `dev` file (`major:minor`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -104,20 +104,20 @@ pub struct ListingError {
 /// The ibdevs whose attributes are being read right now, across passes. A read stuck in the
 /// kernel stays listed; later passes skip that entry instead of blocking a thread on it too.
 #[derive(Debug, Default)]
-pub struct Reads(Mutex<BTreeSet<String>>);
+pub(crate) struct Reads(Mutex<BTreeSet<String>>);
 
 impl Reads {
     /// The entries being read now.
-    pub fn in_flight(&self) -> BTreeSet<String> {
+    pub(crate) fn in_flight(&self) -> BTreeSet<String> {
         self.lock().clone()
     }
 
     /// Marks `ibdev` as being read; false when an earlier read of it has not returned.
-    pub fn begin(&self, ibdev: &str) -> bool {
+    pub(crate) fn begin(&self, ibdev: &str) -> bool {
         self.lock().insert(ibdev.to_owned())
     }
 
-    pub fn end(&self, ibdev: &str) {
+    pub(crate) fn end(&self, ibdev: &str) {
         self.lock().remove(ibdev);
     }
 
@@ -127,7 +127,7 @@ impl Reads {
 }
 
 /// Why an entry is not read while an earlier read of it has not returned.
-pub const STILL_READING: &str = "an earlier read of its sysfs attributes has not returned";
+pub(crate) const STILL_READING: &str = "an earlier read of its sysfs attributes has not returned";
 
 /// Reads every EFA below `sysfs_root`. A missing class directory means no EFA, not an error:
 /// the driver may load after the plugin starts.
@@ -136,7 +136,7 @@ pub fn scan(sysfs_root: &Path) -> Scan {
 }
 
 /// [`scan`], skipping the entries that `reads` says are still being read by an earlier pass.
-pub fn scan_guarded(sysfs_root: &Path, reads: &Reads) -> Scan {
+pub(crate) fn scan_guarded(sysfs_root: &Path, reads: &Reads) -> Scan {
     let class = sysfs_root.join("class/infiniband");
     let mut result = Scan::default();
     let entries = match fs::read_dir(&class) {

@@ -14,11 +14,11 @@ use std::path::Path;
 use nix::fcntl::OFlag;
 
 /// A sysfs attribute is at most a page; a few KiB leaves room without reading a huge file.
-pub const ATTRIBUTE_LIMIT: u64 = 4096;
+pub(crate) const ATTRIBUTE_LIMIT: u64 = 4096;
 
 /// Opens `path` for reading without blocking on a FIFO and without becoming its controlling
 /// terminal; fails unless it is a regular file.
-pub fn open_regular(path: &Path) -> io::Result<File> {
+pub(crate) fn open_regular(path: &Path) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags((OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC).bits())
@@ -28,7 +28,7 @@ pub fn open_regular(path: &Path) -> io::Result<File> {
 }
 
 /// Fails unless `file` is a regular file, naming what it is instead.
-pub fn check_regular(file: &File) -> io::Result<()> {
+pub(crate) fn check_regular(file: &File) -> io::Result<()> {
     let kind = file.metadata()?.file_type();
     if kind.is_file() {
         return Ok(());
@@ -40,7 +40,7 @@ pub fn check_regular(file: &File) -> io::Result<()> {
 }
 
 /// What a file type is, in the words an operator would use.
-pub fn describe(kind: FileType) -> &'static str {
+pub(crate) fn describe(kind: FileType) -> &'static str {
     if kind.is_dir() {
         "a directory"
     } else if kind.is_symlink() {
@@ -61,7 +61,7 @@ pub fn describe(kind: FileType) -> &'static str {
 }
 
 /// The text of the regular file at `path`, refused when longer than `limit` bytes.
-pub fn read_text(path: &Path, limit: u64) -> io::Result<String> {
+pub(crate) fn read_text(path: &Path, limit: u64) -> io::Result<String> {
     let mut text = String::new();
     open_regular(path)?
         .take(limit + 1)

@@ -12,13 +12,13 @@ use tokio::io::unix::AsyncFd;
 
 /// One inotify event about an entry of the watched directory.
 #[derive(Clone, Debug)]
-pub struct DirEvent {
+pub(crate) struct DirEvent {
     pub name: Option<OsString>,
     pub mask: AddWatchFlags,
 }
 
 impl DirEvent {
-    pub fn is_about(&self, name: &str) -> bool {
+    pub(crate) fn is_about(&self, name: &str) -> bool {
         self.name.as_deref().is_some_and(|n| n == name)
     }
 }
@@ -31,7 +31,7 @@ impl AsRawFd for InotifyFd {
     }
 }
 
-pub struct DirWatch {
+pub(crate) struct DirWatch {
     fd: AsyncFd<InotifyFd>,
     dead: bool,
 }
@@ -39,7 +39,7 @@ pub struct DirWatch {
 impl DirWatch {
     /// Entry creations, deletions and renames, plus attribute changes (a device node replaced in
     /// place by `mknod` after `rm` shows as delete + create; a `chmod` as attrib).
-    pub fn new(dir: &Path) -> io::Result<Self> {
+    pub(crate) fn new(dir: &Path) -> io::Result<Self> {
         #[cfg(test)]
         INOTIFY_INITS.with(|inits| inits.set(inits.get() + 1));
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
@@ -65,12 +65,12 @@ impl DirWatch {
 
     /// The watched directory went away (or reading failed): this watch will never fire again
     /// and must be set up anew.
-    pub fn is_dead(&self) -> bool {
+    pub(crate) fn is_dead(&self) -> bool {
         self.dead
     }
 
     /// Waits for the next batch of events; fails once the watch is dead.
-    pub async fn next(&mut self) -> io::Result<Vec<DirEvent>> {
+    pub(crate) async fn next(&mut self) -> io::Result<Vec<DirEvent>> {
         if self.dead {
             return Err(io::Error::other("the watched directory is gone"));
         }
@@ -105,20 +105,20 @@ impl DirWatch {
 /// and its recreation: the directory that holds device nodes appears only once the driver created
 /// one, and the kubelet's registry dir may come and go. While it cannot be watched, the caller's
 /// rescan tick covers it and each pass tries again.
-pub struct WatchedDir {
+pub(crate) struct WatchedDir {
     dir: PathBuf,
     watch: Option<DirWatch>,
 }
 
 impl WatchedDir {
-    pub fn new(dir: PathBuf) -> Self {
+    pub(crate) fn new(dir: PathBuf) -> Self {
         WatchedDir { dir, watch: None }
     }
 
     /// Resolves on the next change in the directory, or when it goes away; never while it cannot
     /// be watched. The watch is set up when this is called, not when the future is first polled,
     /// so a change during the caller's next pass wakes it even if another `select!` branch won.
-    pub fn changed(&mut self) -> impl Future<Output = ()> + '_ {
+    pub(crate) fn changed(&mut self) -> impl Future<Output = ()> + '_ {
         self.rearm();
         async move {
             match &mut self.watch {

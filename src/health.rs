@@ -30,7 +30,7 @@ pub fn node_path(dev_root: &Path, uverbs: &str) -> PathBuf {
 /// runtime hands to containers, and a directory there would give them every node below it.
 /// `regular_files` also accepts an empty regular file, for a simulated node made without
 /// `CAP_MKNOD`; it is a test-only switch.
-pub fn assess(efa: &Efa, dev_root: &Path, regular_files: bool) -> Verdict {
+pub(crate) fn assess(efa: &Efa, dev_root: &Path, regular_files: bool) -> Verdict {
     let path = node_path(dev_root, &efa.uverbs);
     let meta = match std::fs::symlink_metadata(&path) {
         Ok(meta) => meta,
@@ -107,9 +107,9 @@ fn observe_guarded(
 
 /// A pass that has not finished by then is abandoned: the entry it is stuck on turns Unhealthy
 /// and the rest keep their verdicts. A scan of 256 EFAs takes milliseconds.
-pub const PASS_DEADLINE: Duration = Duration::from_secs(2);
+pub(crate) const PASS_DEADLINE: Duration = Duration::from_secs(2);
 /// This many failed passes in a row make `/healthz` fail, so the kubelet restarts the plugin.
-pub const FAILED_PASSES: u32 = 3;
+pub(crate) const FAILED_PASSES: u32 = 3;
 
 /// How the monitor's passes went, for `/healthz` and the metrics.
 #[derive(Debug)]
@@ -194,7 +194,7 @@ impl ScanStats {
 
 /// Keeps [`DeviceState`] current: rescans every `interval`, and at once when an entry of
 /// `<dev-root>/infiniband` changes.
-pub struct Monitor {
+pub(crate) struct Monitor {
     sysfs_root: PathBuf,
     dev_root: PathBuf,
     interval: Duration,
@@ -213,7 +213,7 @@ pub struct Monitor {
 const SETTLE: Duration = Duration::from_millis(20);
 
 impl Monitor {
-    pub fn new(
+    pub(crate) fn new(
         sysfs_root: PathBuf,
         dev_root: PathBuf,
         interval: Duration,
@@ -234,17 +234,17 @@ impl Monitor {
     }
 
     /// Judges regular files at the node paths Healthy (test-only: simulated nodes).
-    pub fn with_regular_files(mut self, regular_files: bool) -> Self {
+    pub(crate) fn with_regular_files(mut self, regular_files: bool) -> Self {
         self.regular_files = regular_files;
         self
     }
 
-    pub fn stats(&self) -> Arc<ScanStats> {
+    pub(crate) fn stats(&self) -> Arc<ScanStats> {
         self.stats.clone()
     }
 
     /// Runs one observation, publishes it and logs what changed.
-    pub async fn refresh(&mut self) {
+    pub(crate) async fn refresh(&mut self) {
         let failure = match self.pass().await {
             Ok(observed) => self.publish(observed),
             Err(stuck) => {
@@ -381,7 +381,7 @@ impl Monitor {
         self.known_problems = BTreeSet::from([failure.to_owned()]);
     }
 
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
         let mut nodes_dir = WatchedDir::new(self.dev_root.join("infiniband"));
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::state::{DeviceReader, Inventory};
 
 /// One file that mirrors the snapshot.
-pub struct HostFile {
+pub(crate) struct HostFile {
     pub path: PathBuf,
     /// Names the file in log lines, e.g. "CDI spec".
     pub what: &'static str,
@@ -31,7 +31,7 @@ impl HostFile {
     /// Keeps the file equal to `render` of the current snapshot, absent while that is `None`,
     /// until `shutdown`, then removes it. Never fails: a write error is logged, counted and
     /// retried.
-    pub async fn follow(
+    pub(crate) async fn follow(
         self,
         state: DeviceReader,
         render: impl Fn(&Inventory) -> Option<String>,
@@ -107,7 +107,7 @@ async fn pause(duration: Option<Duration>) {
 /// Replaces `path` with `text` in one step: a temporary file in the same dir (created if
 /// missing), then a rename. The temporary name starts with a dot and has no extension, so
 /// readers that pick files by suffix (`*.json` for CDI) skip it.
-pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),

@@ -1,24 +1,26 @@
 //! efa-device-plugin: advertises a node's AWS Elastic Fabric Adapters to the kubelet.
 //!
-//! See ARCHITECTURE.md for how a device travels from sysfs to a container.
+//! See ARCHITECTURE.md for how a device travels from sysfs to a container. A `pub` item is one
+//! the binary, the integration tests, the benchmarks or the fuzz targets use; everything else is
+//! `pub(crate)`, which the `unreachable_pub` lint keeps honest.
 
 pub mod allocation;
 pub mod app;
-pub mod cdi;
+pub(crate) mod cdi;
 pub mod config;
-pub mod conflict;
+pub(crate) mod conflict;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod discovery;
-pub mod fsread;
-pub mod fswatch;
+pub(crate) mod fsread;
+pub(crate) mod fswatch;
 pub mod health;
-pub mod hostfile;
+pub(crate) mod hostfile;
 pub mod lifecycle;
 pub mod list;
-pub mod nfd;
+pub(crate) mod nfd;
 pub mod proto;
-pub mod service;
+pub(crate) mod service;
 pub mod state;
 pub mod telemetry;
 #[cfg(any(test, feature = "testkit"))]

@@ -29,7 +29,7 @@ use crate::state::{DeviceReader, PluginStatus};
 use crate::uds::{self, FileIdentity};
 
 /// File name of the plugin's socket inside the device-plugin dir.
-pub const PLUGIN_SOCKET: &str = "efa-device-plugin.sock";
+pub(crate) const PLUGIN_SOCKET: &str = "efa-device-plugin.sock";
 
 /// A kubelet that accepted the connection but hangs in Register is retried after this long.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -54,7 +54,7 @@ enum Ending {
     Shutdown,
 }
 
-pub struct Lifecycle {
+pub(crate) struct Lifecycle {
     pub dir: PathBuf,
     pub resource_name: String,
     pub state: DeviceReader,
@@ -110,7 +110,7 @@ impl Lifecycle {
     }
 
     /// Runs until `shutdown`; the plugin's socket is removed before it returns.
-    pub async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
+    pub(crate) async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
         let Some(mut watch) = self.watch_dir(&shutdown).await else {
             return Ok(());
         };
@@ -427,7 +427,7 @@ impl Churn {
 
 /// Holds the device-plugin dir for one plugin: two plugins on one dir would replace each
 /// other's socket and re-register in turn forever.
-pub struct DirLock {
+pub(crate) struct DirLock {
     _dir: Flock<File>,
 }
 
@@ -435,7 +435,10 @@ pub struct DirLock {
 /// own: nothing to create on a full disk, and nothing for the kubelet's clean-up to touch.
 /// Another holder, or a dir that cannot be locked, is fatal; a dir that cannot be created or
 /// opened is retried, as the dir watch is. `None` on shutdown.
-pub async fn lock_dir(dir: &Path, shutdown: &CancellationToken) -> anyhow::Result<Option<DirLock>> {
+pub(crate) async fn lock_dir(
+    dir: &Path,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<DirLock>> {
     let taken =
         persist("cannot lock the device-plugin dir", shutdown, || {
             std::fs::create_dir_all(dir)

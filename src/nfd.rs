@@ -17,7 +17,7 @@ use crate::state::{DeviceReader, Inventory};
 
 /// The feature file for this inventory: capacity (every device the kubelet is told about), the
 /// NUMA nodes the EFAs sit on, and their PCI device models (`efa1`, `efa2`, ...).
-pub fn render(inventory: &Inventory) -> String {
+pub(crate) fn render(inventory: &Inventory) -> String {
     let numa: BTreeSet<u32> = inventory
         .devices()
         .filter_map(|d| d.efa.numa_node)
@@ -47,7 +47,12 @@ pub fn render(inventory: &Inventory) -> String {
 
 /// Keeps `path` current with the device state until `shutdown`, then removes it; a failed
 /// write is tried again every `retry`.
-pub async fn run(path: PathBuf, retry: Duration, state: DeviceReader, shutdown: CancellationToken) {
+pub(crate) async fn run(
+    path: PathBuf,
+    retry: Duration,
+    state: DeviceReader,
+    shutdown: CancellationToken,
+) {
     let file = HostFile {
         path,
         what: "NFD feature file",

@@ -27,7 +27,7 @@ use crate::state::{DeviceRecord, Inventory};
 
 /// What the lifecycle learns from the streams of one generation.
 #[derive(Default)]
-pub struct StreamHooks {
+pub(crate) struct StreamHooks {
     open: watch::Sender<usize>,
     /// Set when Register is sent: the kubelet opens its stream only after receiving it.
     registering: AtomicBool,
@@ -38,18 +38,18 @@ pub struct StreamHooks {
 }
 
 impl StreamHooks {
-    pub fn open_streams(&self) -> watch::Receiver<usize> {
+    pub(crate) fn open_streams(&self) -> watch::Receiver<usize> {
         self.open.subscribe()
     }
 
     /// Called just before Register: the first stream opened from now on is the kubelet's.
     /// Streams of other clients (a debugging tool, a second reader) come and go without
     /// ending the registration.
-    pub fn registering(&self) {
+    pub(crate) fn registering(&self) {
         self.registering.store(true, Ordering::Release);
     }
 
-    pub async fn ended_by_kubelet(&self) {
+    pub(crate) async fn ended_by_kubelet(&self) {
         self.ended_by_kubelet.notified().await
     }
 
@@ -87,7 +87,7 @@ impl Drop for StreamGuard {
     }
 }
 
-pub struct PluginService {
+pub(crate) struct PluginService {
     pub devices: watch::Receiver<Arc<Inventory>>,
     pub allocator: Arc<Allocator>,
     pub hooks: Arc<StreamHooks>,
@@ -97,7 +97,7 @@ pub struct PluginService {
 
 /// The device list as the kubelet sees it: every advertised ID of an EFA carries its health
 /// and NUMA node.
-pub fn list_response(inventory: &Inventory, sharing: Sharing) -> ListAndWatchResponse {
+pub(crate) fn list_response(inventory: &Inventory, sharing: Sharing) -> ListAndWatchResponse {
     ListAndWatchResponse {
         devices: inventory
             .devices()
@@ -112,12 +112,12 @@ pub fn list_response(inventory: &Inventory, sharing: Sharing) -> ListAndWatchRes
 
 /// The kubelet reads ListAndWatch with gRPC's default receive limit and drops a stream whose
 /// message is larger, every time it is sent.
-pub const KUBELET_MESSAGE_LIMIT: usize = 4 << 20;
+pub(crate) const KUBELET_MESSAGE_LIMIT: usize = 4 << 20;
 
 /// Refuses a sharing count under which the device list of `inventory` could exceed
 /// [`KUBELET_MESSAGE_LIMIT`]. Sized for the worst case, every ID `Unhealthy` (the longest
 /// health), so no health change can push a list that passed over the limit.
-pub fn check_list_fits(inventory: &Inventory, sharing: Sharing) -> Result<(), ConfigError> {
+pub(crate) fn check_list_fits(inventory: &Inventory, sharing: Sharing) -> Result<(), ConfigError> {
     let size = |sharing: Sharing| {
         let mut list = list_response(inventory, sharing);
         for device in &mut list.devices {

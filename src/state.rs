@@ -89,7 +89,7 @@ pub enum Change {
 }
 
 /// Why a device that is no longer in the scan is still listed.
-pub const VANISHED: &str = "no longer in sysfs or no longer bound to the efa driver";
+pub(crate) const VANISHED: &str = "no longer in sysfs or no longer bound to the efa driver";
 
 impl Inventory {
     pub fn devices(&self) -> impl ExactSizeIterator<Item = &DeviceRecord> {

@@ -27,7 +27,7 @@ pub async fn dial(path: &Path) -> Result<Channel, tonic::transport::Error> {
 /// [`dial`], but a refused connect is retried for up to `patience`, after 1 ms and then at
 /// growing intervals up to [`REFUSED_RETRY`]: a server's socket file appears at `bind()`, a
 /// moment before it listens, and whoever reacts to the file's creation connects into that gap.
-pub async fn dial_patiently(
+pub(crate) async fn dial_patiently(
     path: &Path,
     patience: Duration,
 ) -> Result<Channel, tonic::transport::Error> {
@@ -56,7 +56,7 @@ pub async fn dial_patiently(
 }
 
 /// The longest pause between [`dial_patiently`]'s retries of a refused connect.
-pub const REFUSED_RETRY: Duration = Duration::from_millis(10);
+pub(crate) const REFUSED_RETRY: Duration = Duration::from_millis(10);
 
 /// Binds a listening socket at `path`, replacing a stale socket file left by an earlier run.
 /// The socket file is 0600 whatever the umask: only its owner (and root) may connect.
@@ -66,7 +66,7 @@ pub fn bind(path: &Path) -> io::Result<UnixListener> {
 
 /// Binds a socket at `path` that does not listen yet, so connects to it are refused, as they
 /// are between a server's `bind()` and `listen()`. [`listen`] completes it.
-pub fn bind_unlistened(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn bind_unlistened(path: &Path) -> io::Result<OwnedFd> {
     use nix::sys::socket::{AddressFamily, SockFlag, SockType, UnixAddr};
     use nix::sys::stat::{Mode, fchmod};
     match std::fs::remove_file(path) {
@@ -89,7 +89,7 @@ pub fn bind_unlistened(path: &Path) -> io::Result<OwnedFd> {
 }
 
 /// Starts listening on a socket from [`bind_unlistened`].
-pub fn listen(socket: OwnedFd) -> io::Result<UnixListener> {
+pub(crate) fn listen(socket: OwnedFd) -> io::Result<UnixListener> {
     nix::sys::socket::listen(&socket, nix::sys::socket::Backlog::MAXCONN)?;
     UnixListener::from_std(std::os::unix::net::UnixListener::from(socket))
 }
@@ -123,13 +123,13 @@ where
 /// Identity of a directory entry: a deleted and re-created socket differs even when the
 /// filesystem hands out the same inode number again.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FileIdentity {
+pub(crate) struct FileIdentity {
     ino: u64,
     ctime: i64,
     ctime_nsec: i64,
 }
 
-pub fn identity(path: &Path) -> Option<FileIdentity> {
+pub(crate) fn identity(path: &Path) -> Option<FileIdentity> {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(path).ok()?;
     Some(FileIdentity {

@@ -27,7 +27,7 @@ use sharing::Sharing;
 
 /// Where the container finds a device node. It must equal the host's own path, because
 /// libibverbs pairs `/sys/class/infiniband_verbs/uverbsN` with `/dev/infiniband/uverbsN`.
-pub const CONTAINER_NODE_DIR: &str = "/dev/infiniband";
+pub(crate) const CONTAINER_NODE_DIR: &str = "/dev/infiniband";
 
 /// Why an Allocate request cannot be served; the kubelet shows this text in the pod's events.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -70,7 +70,7 @@ impl Contributor for DeviceNodes {
 
 /// The same environment in every container: with device-specs, the kubelet passes these to the
 /// runtime as they are.
-pub struct Environment {
+pub(crate) struct Environment {
     pub env: BTreeMap<String, String>,
 }
 

@@ -36,7 +36,7 @@ const EXTRA_REPLICAS: usize = 0;
 type Cost = [u32; LEVELS];
 
 /// Answers every container of a request.
-pub fn respond(
+pub(crate) fn respond(
     inventory: &Inventory,
     sharing: Sharing,
     request: &PreferredAllocationRequest,

@@ -11,11 +11,11 @@ use serde::Serialize;
 
 /// Between an EFA's PCI address and its replica number. PCI addresses contain single colons
 /// only, so the split is unambiguous.
-pub const SEPARATOR: &str = "::";
+pub(crate) const SEPARATOR: &str = "::";
 
 /// Keeps the device list of the densest node (256 EFAs) to a few hundred kilobytes: the kubelet
 /// receives each ListAndWatch snapshot as one gRPC message and checkpoints every ID.
-pub const MAX_REPLICAS: u32 = 64;
+pub(crate) const MAX_REPLICAS: u32 = 64;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Sharing {
@@ -71,12 +71,12 @@ impl Sharing {
 
 /// The EFA an advertised ID names, whatever the replica count it was advertised under: for
 /// readers such as pod attribution, which see IDs the kubelet checkpointed long ago.
-pub fn device_of(id: &str) -> &str {
+pub(crate) fn device_of(id: &str) -> &str {
     id.rsplit_once(SEPARATOR).map_or(id, |(device, _)| device)
 }
 
 /// Parses a replica count as given on the command line, in the environment or in the file.
-pub fn parse_replicas(text: &str) -> Result<NonZeroU32, String> {
+pub(crate) fn parse_replicas(text: &str) -> Result<NonZeroU32, String> {
     let invalid = |why: &str| format!("invalid replica count {text:?}: {why}");
     let n: u32 = text
         .trim()

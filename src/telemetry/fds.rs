@@ -12,10 +12,10 @@ use super::http::MAX_CONNECTIONS;
 
 /// Descriptors neither HTTP connections nor the counter cache may take. The core holds a few
 /// dozen; a rescan of 256 EFAs opens one at a time.
-pub const CORE_RESERVE: u64 = 256;
+pub(crate) const CORE_RESERVE: u64 = 256;
 
 /// Raises the soft limit on open files to the hard limit; a failure leaves it as it was.
-pub fn raise_limit() {
+pub(crate) fn raise_limit() {
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => {
             if let Err(err) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
@@ -28,7 +28,7 @@ pub fn raise_limit() {
 }
 
 /// How many descriptors the counter cache may keep open under the current soft limit.
-pub fn counter_budget() -> usize {
+pub(crate) fn counter_budget() -> usize {
     let soft = getrlimit(Resource::RLIMIT_NOFILE).map_or(1024, |(soft, _)| soft);
     budget_under(soft)
 }

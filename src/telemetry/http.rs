@@ -51,7 +51,7 @@ pub struct Endpoint {
 
 /// Why the plugin is not ready, if it is not: the kubelet must hold a registration and an open
 /// ListAndWatch stream, or it cannot see the devices.
-pub fn readiness(status: &PluginStatus) -> Result<(), &'static str> {
+pub(crate) fn readiness(status: &PluginStatus) -> Result<(), &'static str> {
     if !status.registered {
         Err("not registered with the kubelet")
     } else if status.open_streams == 0 {

@@ -24,7 +24,7 @@ use crate::health::ScanStats;
 use crate::state::{DeviceReader, PluginStatus};
 
 /// The `Content-Type` of what [`Metrics::render`] returns.
-pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Everything `/metrics` shows.
 pub struct Metrics {

@@ -15,7 +15,7 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `level`.
-pub fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
+pub(crate) fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(directives) if !directives.is_empty() => {
             EnvFilter::try_new(directives).map_err(|err| anyhow::anyhow!("RUST_LOG: {err}"))?

@@ -16,7 +16,7 @@ use crate::proto::podresources::{
 use crate::uds;
 
 /// How long a scrape waits for the kubelet's answer.
-pub const LIST_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const LIST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A container that holds a device.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -27,7 +27,7 @@ pub struct Holder {
 }
 
 /// Device id → the containers holding it, sorted.
-pub type Holders = BTreeMap<String, Vec<Holder>>;
+pub(crate) type Holders = BTreeMap<String, Vec<Holder>>;
 
 pub struct PodResources {
     socket: PathBuf,
@@ -94,7 +94,7 @@ impl PodResources {
 
 /// Maps device ids of `resource_name` to their holders; every replica of a shared device
 /// counts for the device.
-pub fn holders_of(response: &ListPodResourcesResponse, resource_name: &str) -> Holders {
+pub(crate) fn holders_of(response: &ListPodResourcesResponse, resource_name: &str) -> Holders {
     let mut holders = Holders::new();
     for pod in &response.pod_resources {
         for container in &pod.containers {

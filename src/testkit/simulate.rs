@@ -20,11 +20,11 @@ const UVERBS_STATIC_COUNT: u32 = 32;
 /// A dynamic major, as the kernel hands out for uverbs nodes past the first 32.
 const DYNAMIC_MAJOR: u32 = 511;
 
-pub const EFA_VENDOR: &str = "0x1d0f";
+pub(crate) const EFA_VENDOR: &str = "0x1d0f";
 const MLX5_VENDOR: &str = "0x15b3";
 
 /// Port counters the kernel's efa driver exposes under `ports/1/hw_counters`.
-pub const PORT_COUNTERS: &[&str] = &[
+pub(crate) const PORT_COUNTERS: &[&str] = &[
     "tx_bytes",
     "tx_pkts",
     "rx_bytes",
@@ -41,7 +41,7 @@ pub const PORT_COUNTERS: &[&str] = &[
     "retrans_timeout_events",
 ];
 /// Device-level counters under `hw_counters`.
-pub const DEVICE_COUNTERS: &[&str] = &[
+pub(crate) const DEVICE_COUNTERS: &[&str] = &[
     "submitted_cmds",
     "completed_cmds",
     "cmds_err",

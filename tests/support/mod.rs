@@ -14,11 +14,11 @@ use efa_device_plugin::testkit::kubelet_stub::{KubeletStub, KubeletView};
 use efa_device_plugin::testkit::simulate::{FakeDevice, FakeNode, Nodes, Shape};
 use tempfile::TempDir;
 
-pub const TIMEOUT: Duration = Duration::from_secs(10);
-pub const BINARY: &str = env!("CARGO_BIN_EXE_efa-device-plugin");
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const BINARY: &str = env!("CARGO_BIN_EXE_efa-device-plugin");
 
 /// Real character devices when the tests may create them, empty files otherwise.
-pub fn node_kind() -> Nodes {
+pub(crate) fn node_kind() -> Nodes {
     if nix::unistd::geteuid().is_root() {
         Nodes::CharDevices
     } else {
@@ -26,7 +26,7 @@ pub fn node_kind() -> Nodes {
     }
 }
 
-pub struct Harness {
+pub(crate) struct Harness {
     pub root: TempDir,
     pub node: FakeNode,
     /// Every simulated RDMA device, EFA or not.
@@ -39,7 +39,7 @@ pub struct Harness {
 
 impl Harness {
     /// Builds `shape` and starts the kubelet stand-in. Call inside a tokio runtime.
-    pub fn new(shape: Shape) -> Self {
+    pub(crate) fn new(shape: Shape) -> Self {
         let root = tempfile::Builder::new()
             .prefix("efa-dp-test.")
             .tempdir()
@@ -59,13 +59,13 @@ impl Harness {
         }
     }
 
-    pub fn efas(&self) -> Vec<&FakeDevice> {
+    pub(crate) fn efas(&self) -> Vec<&FakeDevice> {
         self.devices.iter().filter(|d| d.is_efa()).collect()
     }
 
     /// The flags pointing the plugin at this harness: its HTTP endpoint on an ephemeral
     /// loopback port, and the kubelet's other dirs inside the harness, never the host's.
-    pub fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         let kubelet_dir = |name: &str| self.root.path().join(name).display().to_string();
         let test_only = match self.node.nodes {
             Nodes::Files => Some("--test-only-regular-file-nodes"),
@@ -95,12 +95,16 @@ impl Harness {
     }
 
     /// Starts the plugin binary with the harness flags followed by `extra` (later flags win).
-    pub fn spawn_plugin(&mut self, extra: &[&str]) -> u32 {
+    pub(crate) fn spawn_plugin(&mut self, extra: &[&str]) -> u32 {
         self.spawn_plugin_with(extra, |_| {})
     }
 
     /// [`Self::spawn_plugin`], with `adjust` applied to the command first.
-    pub fn spawn_plugin_with(&mut self, extra: &[&str], adjust: impl FnOnce(&mut Command)) -> u32 {
+    pub(crate) fn spawn_plugin_with(
+        &mut self,
+        extra: &[&str],
+        adjust: impl FnOnce(&mut Command),
+    ) -> u32 {
         let log = File::options()
             .create(true)
             .append(true)
@@ -121,16 +125,20 @@ impl Harness {
         pid
     }
 
-    pub fn plugin_pid(&self) -> u32 {
+    pub(crate) fn plugin_pid(&self) -> u32 {
         self.plugin.as_ref().expect("plugin running").id()
     }
 
-    pub fn plugin_log(&self) -> String {
+    pub(crate) fn plugin_log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// Waits for `done`, failing the test with the kubelet's view and the plugin's log.
-    pub async fn wait(&self, what: &str, done: impl Fn(&KubeletView) -> bool) -> KubeletView {
+    pub(crate) async fn wait(
+        &self,
+        what: &str,
+        done: impl Fn(&KubeletView) -> bool,
+    ) -> KubeletView {
         match self.kubelet.wait_for(TIMEOUT, done).await {
             Ok(view) => view,
             Err(view) => panic!(
@@ -141,7 +149,7 @@ impl Harness {
     }
 
     /// Waits until the plugin is registered with its stream open and every EFA listed.
-    pub async fn registered(&self) -> KubeletView {
+    pub(crate) async fn registered(&self) -> KubeletView {
         let expected = self.efas().len();
         self.wait("registration", |v| {
             v.stream_open && v.snapshots > 0 && v.devices.len() == expected
@@ -151,7 +159,7 @@ impl Harness {
 
     /// [`Self::registered`], and the plugin has logged it: the kubelet sees the stream inside
     /// `Register`, a moment before the plugin's call returns and it logs.
-    pub async fn registered_and_logged(&self) -> KubeletView {
+    pub(crate) async fn registered_and_logged(&self) -> KubeletView {
         let view = self.registered().await;
         eventually("the registration log line", || {
             self.plugin_log().contains("registered with the kubelet")
@@ -161,12 +169,12 @@ impl Harness {
     }
 
     /// Sends SIGTERM and waits for the exit.
-    pub fn terminate_plugin(&mut self) -> (ExitStatus, Duration) {
+    pub(crate) fn terminate_plugin(&mut self) -> (ExitStatus, Duration) {
         self.stop_plugin(nix::sys::signal::Signal::SIGTERM)
     }
 
     /// Sends `sig` and waits for the exit; returns the status and how long it took.
-    pub fn stop_plugin(&mut self, sig: nix::sys::signal::Signal) -> (ExitStatus, Duration) {
+    pub(crate) fn stop_plugin(&mut self, sig: nix::sys::signal::Signal) -> (ExitStatus, Duration) {
         let mut child = self.plugin.take().expect("plugin running");
         let started = Instant::now();
         signal(child.id(), sig);
@@ -183,7 +191,7 @@ impl Harness {
         }
     }
 
-    pub fn plugin_socket(&self) -> PathBuf {
+    pub(crate) fn plugin_socket(&self) -> PathBuf {
         self.plugin_dir.join("efa-device-plugin.sock")
     }
 }
@@ -198,7 +206,7 @@ impl Drop for Harness {
 }
 
 /// Polls `done` until it holds, failing the test after [`TIMEOUT`].
-pub async fn eventually(what: &str, done: impl Fn() -> bool) {
+pub(crate) async fn eventually(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + TIMEOUT;
     while !done() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -206,12 +214,12 @@ pub async fn eventually(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-pub fn signal(pid: u32, signal: nix::sys::signal::Signal) {
+pub(crate) fn signal(pid: u32, signal: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("signal");
 }
 
 /// Open file descriptors and threads of a process, to catch leaks across restarts.
-pub fn fds_and_tasks(pid: u32) -> (usize, usize) {
+pub(crate) fn fds_and_tasks(pid: u32) -> (usize, usize) {
     let count = |dir: &str| {
         std::fs::read_dir(Path::new("/proc").join(pid.to_string()).join(dir))
             .map(|d| d.count())
@@ -221,7 +229,7 @@ pub fn fds_and_tasks(pid: u32) -> (usize, usize) {
 }
 
 /// Runs the binary to completion with `args` and `env`, returning (exit code, stdout, stderr).
-pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+pub(crate) fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
     let mut command = Command::new(BINARY);
     command
         .args(args)
@@ -244,14 +252,14 @@ pub fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) 
 }
 
 /// Writes `text` as `config.yaml` in `dir`; returns its path.
-pub fn write_config(dir: &Path, text: &str) -> String {
+pub(crate) fn write_config(dir: &Path, text: &str) -> String {
     let path = dir.join("config.yaml");
     std::fs::write(&path, text).unwrap();
     path.display().to_string()
 }
 
 /// Asserts a failed start: non-zero exit and exactly one line on stderr containing `names`.
-pub fn assert_one_line_error(result: (i32, String, String), names: &[&str]) {
+pub(crate) fn assert_one_line_error(result: (i32, String, String), names: &[&str]) {
     let (code, _, stderr) = result;
     assert_ne!(code, 0, "{stderr}");
     assert_eq!(stderr.trim().lines().count(), 1, "not one line: {stderr:?}");
@@ -263,7 +271,7 @@ pub fn assert_one_line_error(result: (i32, String, String), names: &[&str]) {
 impl Harness {
     /// Where the plugin's HTTP endpoint listens: the harness asks for an ephemeral loopback
     /// port, and the plugin logs the one it bound.
-    pub async fn metrics_address(&self) -> SocketAddr {
+    pub(crate) async fn metrics_address(&self) -> SocketAddr {
         let deadline = Instant::now() + TIMEOUT;
         loop {
             let log = self.plugin_log();
@@ -285,12 +293,12 @@ impl Harness {
     }
 
     /// GETs `path` from the plugin's HTTP endpoint: (status, body).
-    pub async fn get(&self, path: &str) -> (u16, String) {
+    pub(crate) async fn get(&self, path: &str) -> (u16, String) {
         http_get(self.metrics_address().await, path).await
     }
 
     /// Scrapes until `done` holds for the exposition text, failing with the last one.
-    pub async fn scrape_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
+    pub(crate) async fn scrape_until(&self, what: &str, done: impl Fn(&str) -> bool) -> String {
         let deadline = Instant::now() + TIMEOUT;
         loop {
             let (status, text) = self.get("/metrics").await;
@@ -320,7 +328,7 @@ fn logged_address(line: &str) -> Option<SocketAddr> {
 }
 
 /// A minimal HTTP/1.1 GET: (status, body).
-pub async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address)
         .await
@@ -342,7 +350,7 @@ pub async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
 }
 
 /// The value of the sample `series` (name with its exact label set, as exposed).
-pub fn sample(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|value| value.trim().parse().ok())
