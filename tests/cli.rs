@@ -2,6 +2,7 @@
 
 mod support;
 
+#[cfg(feature = "demo")]
 use std::path::Path;
 
 use efa_device_plugin::testkit::simulate::{FakeNode, Shape};
