@@ -159,6 +159,10 @@ impl Lifecycle {
                 }
             };
             retry = FIRST_RETRY;
+            // The kubelet registered with is the one whose socket is there now: a kubelet that
+            // restarted between the look above and our dial was dialled instead. A later restart
+            // would have deleted our socket, which ends this registration anyway.
+            let kubelet = uds::identity(&self.kubelet_socket()).or(kubelet);
             let restarted = last_kubelet.is_some_and(|last| Some(last) != kubelet);
             last_kubelet = kubelet;
             if restarted {
