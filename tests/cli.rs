@@ -284,12 +284,3 @@ fn demo_runs_and_cleans_up() {
         .trim_end_matches('.');
     assert!(!Path::new(scratch).exists());
 }
-
-/// The image's build: the demo and the stand-ins it runs on are not in it.
-#[cfg(not(feature = "demo"))]
-#[test]
-fn without_the_demo_feature_there_is_no_demo_command() {
-    let (code, _, stderr) = run_binary(&["demo"], &[]);
-    assert_eq!(code, 2);
-    assert_eq!(stderr.trim(), "error: unrecognized subcommand 'demo'");
-}

@@ -5,5 +5,3 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 cargo test --locked
-# The image's build has no demo: the command-line tests again, without default features.
-cargo test --locked --no-default-features --test cli

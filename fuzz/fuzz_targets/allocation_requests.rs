@@ -15,8 +15,8 @@ use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
     PreferredAllocationRequest,
 };
-use efa_device_plugin::testkit::simulate::{self, Shape};
 use efa_device_plugin::state::{DeviceRecord, Inventory, Verdict};
+use efa_device_plugin::testkit::simulate::{self, Shape};
 use libfuzzer_sys::fuzz_target;
 
 const SHAPES: &[Shape] = &[Shape::P4d, Shape::P5, Shape::G5, Shape::Dense256];
@@ -109,14 +109,8 @@ fuzz_target!(|input: Input| {
             .collect(),
     };
     if let Ok(response) = allocator.allocate(&inventory, &request) {
-        assert_eq!(
-            response.container_responses.len(),
-            request.container_requests.len()
-        );
-        for (asked, got) in request
-            .container_requests
-            .iter()
-            .zip(&response.container_responses)
+        for (asked, got) in
+            per_container(&request.container_requests, &response.container_responses)
         {
             // One node per distinct EFA, never more than the IDs asked for.
             assert!(got.devices.len() <= asked.devices_ids.len());
@@ -136,15 +130,7 @@ fuzz_target!(|input: Input| {
             .collect(),
     };
     let response = allocator.preferred(&inventory, &request);
-    assert_eq!(
-        response.container_responses.len(),
-        request.container_requests.len()
-    );
-    for (asked, got) in request
-        .container_requests
-        .iter()
-        .zip(&response.container_responses)
-    {
+    for (asked, got) in per_container(&request.container_requests, &response.container_responses) {
         let offered: BTreeSet<&String> = asked.available_device_i_ds.iter().collect();
         let chosen: BTreeSet<&String> = got.device_i_ds.iter().collect();
         assert_eq!(
@@ -155,3 +141,9 @@ fuzz_target!(|input: Input| {
         assert!(chosen.is_subset(&offered), "an ID not offered: {got:?}");
     }
 });
+
+/// Each container's request beside its answer: an answer has exactly one per request.
+fn per_container<'a, A, B>(asked: &'a [A], got: &'a [B]) -> impl Iterator<Item = (&'a A, &'a B)> {
+    assert_eq!(got.len(), asked.len());
+    asked.iter().zip(got)
+}

@@ -50,12 +50,7 @@ def main(off_path, on_path):
         "every other object is unchanged": others_off == others_on,
         f"the writable host paths are {sorted(WRITABLE_HOST_PATHS)}": writable_host_paths(on_ds) == WRITABLE_HOST_PATHS,
     }
-    for what, ok in checks.items():
-        if not ok:
-            print(f"not ok - {what}")
-    failed = sum(not ok for ok in checks.values())
-    print(f"{len(checks)} CDI switch checks, {failed} failed")
-    return 1 if failed else 0
+    return rendered.report(checks, "CDI switch checks")
 
 
 if __name__ == "__main__":

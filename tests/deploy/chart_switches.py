@@ -58,12 +58,7 @@ def main(values_path, rendered_path):
         "config values reach the ConfigMap": values["config"].items()
         <= rendered.plugin_config(rendered.one(docs, "ConfigMap")).items(),
     }
-    for what, ok in expectations.items():
-        if not ok:
-            print(f"not ok - {what}")
-    failed = sum(not ok for ok in expectations.values())
-    print(f"{len(expectations)} chart switches checked, {failed} failed")
-    return 1 if failed else 0
+    return rendered.report(expectations, "chart switches checked")
 
 
 if __name__ == "__main__":

@@ -28,3 +28,13 @@ def plugin_container(daemonset):
 def plugin_config(configmap):
     """The plugin's config file as data, so formatting differences don't count."""
     return yaml.safe_load(configmap["data"][CONFIG_KEY])
+
+
+def report(checks, summary):
+    """Prints each failed check and a summary line; returns the exit status."""
+    for what, ok in checks.items():
+        if not ok:
+            print(f"not ok - {what}")
+    failed = sum(not ok for ok in checks.values())
+    print(f"{len(checks)} {summary}, {failed} failed")
+    return 1 if failed else 0
