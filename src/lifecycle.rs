@@ -21,8 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::allocation::Allocator;
 use crate::fswatch::{DirEvent, DirWatch};
 use crate::proto::deviceplugin::{
-    KUBELET_SOCKET, RegisterRequest, VERSION, device_plugin_server::DevicePluginServer,
-    registration_client::RegistrationClient,
+    KUBELET_SOCKET, RegisterRequest, VERSION, registration_client::RegistrationClient,
 };
 use crate::service::{PluginService, StreamHooks};
 use crate::state::{DeviceReader, PluginStatus};
@@ -266,7 +265,7 @@ impl Lifecycle {
             hooks: hooks.clone(),
             stop: stop.clone(),
         };
-        let server = uds::spawn_server(listener, DevicePluginServer::new(service), stop.clone());
+        let server = uds::spawn_server(listener, crate::service::server(service), stop.clone());
         let status_relay = tokio::spawn({
             let mut open = hooks.open_streams();
             let status = self.status.clone();
