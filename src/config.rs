@@ -183,7 +183,7 @@ settings! {
         flag: "allocate-env", env: "EFA_DP_ALLOCATE_ENV", value_name: "KEY=VALUE",
         file: "allocate.env",
     };
-    /// Label EFA hardware counters with the namespace, pod and container holding the device.
+    /// Expose efa_device_allocation: the namespace, pod and container holding each device.
     counter_pod_labels: bool = Setting::switch("counter-pod-labels", "EFA_DP_COUNTER_POD_LABELS",
         "true");
     /// TEST ONLY: judge an empty regular file at a uverbs node path Healthy, for simulated nodes

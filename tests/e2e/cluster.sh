@@ -540,13 +540,14 @@ case_metrics() {
 	fi
 	for id in "${HOLDER_IDS[@]}"; do
 		ibdev=rdmap$((16#$(cut -d: -f2 <<<"$id")))s27
-		if grep -E "^efa_[a-z_]+_total\{" <<<"$metrics" | grep "device=\"$id\"" | grep "ibdev=\"$ibdev\"" |
-			grep 'namespace="default"' | grep 'pod="holder"' | grep -q 'container="probe"'; then
+		# The device's counters, and the info series naming the holder.
+		if grep -E "^efa_[a-z_]+_total\{" <<<"$metrics" | grep "device=\"$id\"" | grep -q "ibdev=\"$ibdev\"" &&
+			grep -qxF "efa_device_allocation{device=\"$id\",namespace=\"default\",pod=\"holder\",container=\"probe\"} 1" <<<"$metrics"; then
 			held=$((held + 1))
 		fi
 	done
-	if ((held != 2)); then
-		REASON="counters of $held of the holder's 2 EFAs carry its namespace, pod and container: $(grep -E '^efa_[a-z_]+_total\{' <<<"$metrics" | head -2 | paste -sd'|')"
+	if ((held != 2)) || (($(grep '^efa_device_allocation{' <<<"$metrics" | grep -c 'pod="holder"') != 2)); then
+		REASON="$held of the holder's 2 EFAs have counters and an efa_device_allocation naming its namespace, pod and container: $(grep -E '^efa_device_allocation\{' <<<"$metrics" | head -3 | paste -sd'|')"
 		return 1
 	fi
 }
@@ -776,7 +777,7 @@ main() {
 	run_case "(2) Job limited to 2 is scheduled, sees exactly its 2 uverbs nodes, completes" case_job
 	run_case "(3) pod asking for 5 stays Pending with Insufficient $RESOURCE" case_over_ask
 	run_case "(4) kubectl exec list in the plugin pod prints 4 devices" case_operator_cli
-	run_case "(5) metrics over the pod IP: 4 healthy, holder's counters carry its pod" case_metrics
+	run_case "(5) metrics over the pod IP: 4 healthy, efa_device_allocation names the holder of its 2 EFAs" case_metrics
 	run_case "(6) rollout restart: new pod Ready, holder keeps its devices, allocatable 4" case_rolling_update
 	run_case "(7) device loss: allocatable 3 within the status period + 2s, then 4" case_device_loss
 	run_case "(8) node without EFA: plugin Ready, allocatable 0 or absent" case_no_efa
