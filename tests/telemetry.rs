@@ -14,7 +14,7 @@ use support::{Harness, sample};
 fn hw(name: &str, device: &FakeDevice) -> String {
     format!(
         "efa_{name}_total{{device=\"{}\",ibdev=\"{}\"}}",
-        device.bdf, device.ibdev
+        device.ibdev, device.ibdev
     )
 }
 
@@ -84,7 +84,7 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
         Some(987_654_321.0)
     );
 
-    allocate(&h, &[&efas[0].bdf]).await.unwrap();
+    allocate(&h, &[&efas[0].ibdev]).await.unwrap();
     allocate(&h, &["0000:ff:00.0"]).await.unwrap_err();
     let text = h.get("/metrics").await.1;
     let ok = "efa_device_plugin_allocations_total{result=\"ok\"}";
@@ -159,7 +159,7 @@ async fn wait_ready(h: &Harness, expected: u16) {
 fn allocation(device: &FakeDevice, pod: &str) -> String {
     format!(
         "efa_device_allocation{{device=\"{}\",namespace=\"ml\",pod=\"{pod}\",container=\"main\"}}",
-        device.bdf
+        device.ibdev
     )
 }
 
@@ -176,22 +176,28 @@ async fn an_info_series_names_each_container_that_holds_a_device() {
                 "trainer-0",
                 "main",
                 "vpc.amazonaws.com/efa",
-                &[&efas[0].bdf],
+                &[&efas[0].ibdev],
             ),
-            pod("ml", "gpu-only", "main", "nvidia.com/gpu", &[&efas[1].bdf]),
+            pod(
+                "ml",
+                "gpu-only",
+                "main",
+                "nvidia.com/gpu",
+                &[&efas[1].ibdev],
+            ),
             pod(
                 "ml",
                 "sharer",
                 "main",
                 "vpc.amazonaws.com/efa",
-                &[&efas[2].bdf],
+                &[&efas[2].ibdev],
             ),
             pod(
                 "ml",
                 "other",
                 "main",
                 "vpc.amazonaws.com/efa",
-                &[&efas[2].bdf],
+                &[&efas[2].ibdev],
             ),
         ],
     )
@@ -253,7 +259,7 @@ async fn pod_attribution_can_be_turned_off() {
             "trainer-0",
             "main",
             "vpc.amazonaws.com/efa",
-            &[&efa.bdf],
+            &[&efa.ibdev],
         )],
     )
     .unwrap();
@@ -311,7 +317,7 @@ async fn logs_each_change_once_and_nothing_while_idle() {
     for message in ["device unhealthy", "device healthy again"] {
         let lines = logged(&h, message);
         assert_eq!(lines.len(), 1, "{message}\n{}", h.plugin_log());
-        assert_eq!(lines[0]["device"], efa.bdf.as_str());
+        assert_eq!(lines[0]["device"], efa.ibdev.as_str());
         assert_eq!(lines[0]["ibdev"], efa.ibdev.as_str());
     }
     let registrations = logged(&h, "registered with the kubelet");

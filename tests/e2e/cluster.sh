@@ -539,7 +539,9 @@ case_metrics() {
 		return 1
 	fi
 	for id in "${HOLDER_IDS[@]}"; do
-		ibdev=rdmap$((16#$(cut -d: -f2 <<<"$id")))s27
+		# An ID is the ibdev name, or with --device-id-strategy=pci the PCI address.
+		ibdev=$id
+		[[ $id == *:* ]] && ibdev=rdmap$((16#$(cut -d: -f2 <<<"$id")))s27
 		# The device's counters, and the info series naming the holder.
 		if grep -E "^efa_[a-z_]+_total\{" <<<"$metrics" | grep "device=\"$id\"" | grep -q "ibdev=\"$ibdev\"" &&
 			grep -qxF "efa_device_allocation{device=\"$id\",namespace=\"default\",pod=\"holder\",container=\"probe\"} 1" <<<"$metrics"; then
