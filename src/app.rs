@@ -89,7 +89,7 @@ impl Plugin {
         }
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
-        crate::service::check_list_fits(&self.state.current(), settings.sharing)?;
+        crate::service::check_sharing_fits(&self.state.current(), settings.sharing, cdi.is_some())?;
         tasks.spawn("health monitor", monitor.run(shutdown.clone()));
         if let Some(guard) = self.start_guard(settings).await {
             tasks.spawn("DRA-conflict guard", guard.run(shutdown.clone()));

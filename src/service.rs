@@ -142,28 +142,73 @@ const GRPC_HEADER: usize = 5;
 /// message is larger, every time it is sent.
 pub(crate) const KUBELET_MESSAGE_LIMIT: usize = 4 << 20;
 
+/// The memory limit the shipped manifests give the pod.
+pub(crate) const POD_MEMORY_LIMIT: usize = 64 << 20;
+
+/// The share of [`POD_MEMORY_LIMIT`] the device list may take at its peak: the rest is for the
+/// plugin itself, scrapes, Allocate and GetPreferredAllocation requests, and allocator slack.
+const LIST_MEMORY_BUDGET: usize = POD_MEMORY_LIMIT / 4 * 3;
+
+/// What the plugin holds besides its device list, measured (VmHWM) with no sharing.
+const BASE_MEMORY: usize = BASE_MEMORY_MIB << 20;
+const BASE_MEMORY_MIB: usize = 8;
+
+/// Copies of the encoded list alive at a change at most: the current frame, the one being
+/// encoded, and one a slow stream still holds.
+const LIST_COPIES: usize = 3;
+
+/// What the CDI spec writer holds per advertised ID at its peak, when a change renders the spec
+/// again while the last one is kept: two texts of about 300 bytes per device, their growth
+/// slack, and the rendered devices (`benches/memory.rs`, 1,780 EFAs × 64 in cdi mode).
+const CDI_BYTES_PER_ID: usize = 700;
+
 /// Refuses a sharing count under which the device list of `inventory` could exceed
-/// [`KUBELET_MESSAGE_LIMIT`]. Sized for the worst case, every ID `Unhealthy` (the longest
-/// health), so no health change can push a list that passed over the limit.
-pub(crate) fn check_list_fits(inventory: &Inventory, sharing: Sharing) -> Result<(), ConfigError> {
+/// [`KUBELET_MESSAGE_LIMIT`], or the memory it takes at its peak (in cdi mode, with the spec
+/// writer's) the pod's limit. Sized for the worst case, every ID `Unhealthy` (the longest
+/// health), so no health change can push a list that passed over either.
+pub(crate) fn check_sharing_fits(
+    inventory: &Inventory,
+    sharing: Sharing,
+    cdi: bool,
+) -> Result<(), ConfigError> {
     let size = |sharing: Sharing| {
         encoded_len(advertised(inventory, sharing).map(|mut device| {
             device.health = UNHEALTHY.into();
             device
         }))
     };
-    let worst = size(sharing);
-    if worst <= KUBELET_MESSAGE_LIMIT {
+    let memory = |sharing: Sharing| {
+        let ids = inventory.devices().len() * sharing.replicas.get() as usize;
+        BASE_MEMORY + LIST_COPIES * size(sharing) + if cdi { ids * CDI_BYTES_PER_ID } else { 0 }
+    };
+    let fits = |sharing: Sharing| {
+        size(sharing) <= KUBELET_MESSAGE_LIMIT && memory(sharing) <= LIST_MEMORY_BUDGET
+    };
+    if fits(sharing) {
         return Ok(());
     }
     let replicas = sharing.replicas.get();
-    // The list grows with the count, so the largest that fits is found by bisection.
-    let fitting = (1..replicas).collect::<Vec<_>>().partition_point(|&r| {
-        NonZeroU32::new(r).is_some_and(|r| size(Sharing::replicas(r)) <= KUBELET_MESSAGE_LIMIT)
-    });
+    // Both grow with the count, so the largest that fits is found by bisection.
+    let fitting = (1..replicas)
+        .collect::<Vec<_>>()
+        .partition_point(|&r| NonZeroU32::new(r).is_some_and(|r| fits(Sharing::replicas(r))));
+    let efas = inventory.devices().len();
+    let worst = size(sharing);
+    let why = if worst > KUBELET_MESSAGE_LIMIT {
+        format!(
+            "{efas} EFAs make a device list of up to {worst} bytes, over the kubelet's {KUBELET_MESSAGE_LIMIT}-byte message limit"
+        )
+    } else {
+        format!(
+            "{efas} EFAs{} need about {} MiB at a change, over the {} MiB of the pod's {} MiB memory limit the device list may take",
+            if cdi { " in cdi mode" } else { "" },
+            memory(sharing) >> 20,
+            LIST_MEMORY_BUDGET >> 20,
+            POD_MEMORY_LIMIT >> 20,
+        )
+    };
     Err(ConfigError(format!(
-        "--sharing-replicas (sharing.replicas) {replicas}: {} EFAs make a device list of up to {worst} bytes, over the kubelet's {KUBELET_MESSAGE_LIMIT}-byte message limit; at most {fitting} fit",
-        inventory.devices().len(),
+        "--sharing-replicas (sharing.replicas) {replicas}: {why}; at most {fitting} fit"
     )))
 }
 
@@ -434,4 +479,63 @@ impl hyper::body::Body for ListBody {
 /// Whether two frames are one and the same, not merely equal.
 fn same(a: &Bytes, b: &Bytes) -> bool {
     a.as_ptr() == b.as_ptr() && a.len() == b.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::testkit::simulate::{Shape, inventory};
+
+    fn shared(n: u32) -> Sharing {
+        Sharing::replicas(NonZeroU32::new(n).unwrap())
+    }
+
+    #[test]
+    fn a_cdi_spec_too_large_for_the_pods_memory_is_refused_with_the_largest_count_that_fits() {
+        // The most EFAs whose list at 64 replicas fits the kubelet's message limit.
+        let dense = inventory(Shape::Dense(1780));
+        assert_eq!(check_sharing_fits(&dense, shared(64), false), Ok(()));
+        let refused = check_sharing_fits(&dense, shared(64), true).unwrap_err().0;
+        assert!(
+            refused.starts_with("--sharing-replicas (sharing.replicas) 64:"),
+            "{refused}"
+        );
+        assert!(
+            refused.contains("cdi mode") && refused.contains("64 MiB"),
+            "{refused}"
+        );
+        let fitting: u32 = refused
+            .rsplit("at most ")
+            .next()
+            .unwrap()
+            .trim_end_matches(" fit")
+            .parse()
+            .unwrap();
+        assert!((1..64).contains(&fitting), "{refused}");
+        assert_eq!(check_sharing_fits(&dense, shared(fitting), true), Ok(()));
+        assert!(check_sharing_fits(&dense, shared(fitting + 1), true).is_err());
+    }
+
+    #[test]
+    fn every_stream_gets_the_same_frame_until_the_list_changes() {
+        let lists = Lists {
+            sharing: shared(4),
+            latest: Mutex::default(),
+        };
+        let first = Arc::new(inventory(Shape::P5));
+        let frame = lists.frame(&first);
+        assert!(same(&frame, &lists.frame(&first)));
+        // A new snapshot with the same list keeps the frame; a changed one gets its own.
+        assert!(same(&frame, &lists.frame(&Arc::new(inventory(Shape::P5)))));
+        let changed = lists.frame(&Arc::new(inventory(Shape::P4d)));
+        assert!(!same(&frame, &changed));
+        let decoded = ListAndWatchResponse::decode(&changed[GRPC_HEADER..]).unwrap();
+        assert_eq!(decoded.devices.len(), 4 * 4);
+        assert_eq!(
+            changed.len() - GRPC_HEADER,
+            u32::from_be_bytes(changed[1..5].try_into().unwrap()) as usize
+        );
+    }
 }
