@@ -14,8 +14,6 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use efa_device_plugin::proto::deviceplugin::Empty;
-use efa_device_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use efa_device_plugin::testkit::pod_resources_stub::PodResourcesStub;
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
 use support::{Harness, http_get, status_kib};
@@ -108,6 +106,14 @@ fn scenarios() -> Vec<Scenario> {
             name: "1,780 EFAs x64, cdi, after a flap",
             run: || Box::pin(flap(1780, 64, true)),
         },
+        Scenario {
+            name: "810 EFAs x64, cdi, after a flap (cdi's most)",
+            run: || Box::pin(flap(810, 64, true)),
+        },
+        Scenario {
+            name: "1,780 EFAs x29, cdi, after a flap (cdi's most)",
+            run: || Box::pin(flap(1780, 29, true)),
+        },
     ]
 }
 
@@ -164,20 +170,10 @@ async fn streams(streams: usize) -> Outcome {
     let mut open = Vec::new();
     let mut refused = 0;
     for _ in 0..streams {
-        let channel = efa_device_plugin::uds::dial(&h.plugin_socket())
-            .await
-            .expect("plugin connection");
-        let mut client = DevicePluginClient::new(channel);
-        match client.list_and_watch(Empty {}).await {
-            Ok(response) => {
-                let mut stream = response.into_inner();
-                match stream.message().await {
-                    Ok(Some(list)) => {
-                        assert_eq!(list.devices.len(), ids);
-                        open.push(stream);
-                    }
-                    _ => refused += 1,
-                }
+        match support::open_list_stream(&h).await {
+            Ok((stream, list)) => {
+                assert_eq!(list.devices.len(), ids);
+                open.push(stream);
             }
             Err(_) => refused += 1,
         }

@@ -6,8 +6,6 @@ mod support;
 
 use std::time::Duration;
 
-use efa_device_plugin::proto::deviceplugin::Empty;
-use efa_device_plugin::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use efa_device_plugin::testkit::pod_resources_stub::PodResourcesStub;
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
 use support::{Harness, status_kib, try_http_get};
@@ -66,22 +64,10 @@ async fn listandwatch_streams_past_the_cap_are_refused_and_the_rest_share_one_li
     let ids = h.efas().len() * 64;
     let (mut open, mut refused) = (Vec::new(), Vec::new());
     for _ in 0..40 {
-        let channel = efa_device_plugin::uds::dial(&h.plugin_socket())
-            .await
-            .unwrap();
-        let opened = DevicePluginClient::new(channel)
-            .list_and_watch(Empty {})
-            .await;
-        match opened {
-            Ok(response) => {
-                let mut stream = response.into_inner();
-                match stream.message().await {
-                    Ok(Some(list)) => {
-                        assert_eq!(list.devices.len(), ids);
-                        open.push(stream);
-                    }
-                    other => refused.push(format!("{other:?}")),
-                }
+        match support::open_list_stream(&h).await {
+            Ok((stream, list)) => {
+                assert_eq!(list.devices.len(), ids);
+                open.push(stream);
             }
             Err(status) => {
                 assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status}");
@@ -113,11 +99,7 @@ async fn listandwatch_streams_past_the_cap_are_refused_and_the_rest_share_one_li
     // A closed stream frees its slot.
     open.pop();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let channel = efa_device_plugin::uds::dial(&h.plugin_socket())
-        .await
-        .unwrap();
-    let mut client = DevicePluginClient::new(channel);
-    client.list_and_watch(Empty {}).await.expect("a freed slot");
+    support::open_list_stream(&h).await.expect("a freed slot");
     let peak = status_kib(h.plugin_pid(), "VmHWM");
     assert!(peak < BOUND_KIB, "VmHWM {peak} KiB");
 }

@@ -434,3 +434,30 @@ pub(crate) fn pods_holding_every_efa(
         })
         .collect()
 }
+
+/// Opens a ListAndWatch stream of its own to the plugin, as another client would, and reads its
+/// first list; the plugin's status if it refuses or ends the stream instead.
+pub(crate) async fn open_list_stream(
+    h: &Harness,
+) -> Result<
+    (
+        tonic::Streaming<efa_device_plugin::proto::deviceplugin::ListAndWatchResponse>,
+        efa_device_plugin::proto::deviceplugin::ListAndWatchResponse,
+    ),
+    tonic::Status,
+> {
+    use efa_device_plugin::proto::deviceplugin::{Empty, device_plugin_client::DevicePluginClient};
+    let channel = efa_device_plugin::uds::dial(&h.plugin_socket())
+        .await
+        .expect("plugin connection");
+    let mut stream = DevicePluginClient::new(channel)
+        .list_and_watch(Empty {})
+        .await?
+        .into_inner();
+    match stream.message().await? {
+        Some(list) => Ok((stream, list)),
+        None => Err(tonic::Status::unknown(
+            "the stream ended before its first list",
+        )),
+    }
+}
