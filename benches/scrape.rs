@@ -160,7 +160,10 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         .1
         .contains("pod=\"trainer-0\"")
     {
-        assert!(labelled.elapsed() < Duration::from_secs(15), "no pod labels");
+        assert!(
+            labelled.elapsed() < Duration::from_secs(15),
+            "no pod labels"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let attributed = summary(

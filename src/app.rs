@@ -155,6 +155,7 @@ impl Plugin {
                         settings.rescan_interval,
                         spec.failures,
                         self.state.reader(),
+                        self.holdings.subscribe(),
                         shutdown.clone(),
                     ),
                 );

@@ -25,11 +25,16 @@ pub(crate) struct HostFile {
     pub retry: Duration,
     /// Counts failed writes, when the file's failures are exposed as a metric.
     pub failures: Option<Counter>,
+    /// Asked on exit: a reason to leave the file in place instead of removing it.
+    pub keep_on_exit: Option<KeepOnExit>,
 }
+
+/// Why a file must outlive the plugin, if it must.
+pub(crate) type KeepOnExit = Box<dyn Fn() -> Option<String> + Send + Sync>;
 
 impl HostFile {
     /// Keeps the file equal to `render` of the current snapshot, absent while that is `None`,
-    /// until `shutdown`, then removes it. Never fails: a write error is logged, counted and
+    /// until `shutdown`, then removes it unless `keep_on_exit` gives a reason not to. Never fails: a write error is logged, counted and
     /// retried.
     pub(crate) async fn follow(
         self,
@@ -80,7 +85,14 @@ impl HostFile {
                 _ = pause(retry) => {}
             }
         }
-        self.remove();
+        match self.keep_on_exit.as_ref().and_then(|keep| keep()) {
+            Some(reason) if written.is_some() => tracing::info!(
+                file = %self.path.display(),
+                "keeping the {}: {reason}",
+                self.what
+            ),
+            _ => self.remove(),
+        }
     }
 
     fn remove(&self) {
@@ -151,6 +163,7 @@ mod tests {
             what: "test file",
             retry: Duration::from_millis(20),
             failures: Some(failures.clone()),
+            keep_on_exit: None,
         };
         let state = DeviceState::default();
         state.apply(inventory(Shape::P4d).devices().cloned().collect());
