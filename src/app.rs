@@ -155,7 +155,7 @@ impl Plugin {
                         settings.rescan_interval,
                         spec.failures,
                         self.state.reader(),
-                        self.holdings.subscribe(),
+                        self.spec_still_needed(settings),
                         shutdown.clone(),
                     ),
                 );
@@ -226,6 +226,22 @@ impl Plugin {
             stopped: shutdown.clone(),
         });
         Ok(http::serve(listener, endpoint, shutdown.clone()))
+    }
+
+    /// Asks the kubelet at exit whether a container still holds an EFA: a holder that ended
+    /// since the last poll must not keep the CDI spec, nor a new one lose it.
+    fn spec_still_needed(&self, settings: &Settings) -> crate::hostfile::KeepOnExit {
+        let pods = PodResources::new(
+            settings.pod_resources_socket.clone(),
+            settings.resource_name.clone(),
+        );
+        let (state, sharing) = (self.state.reader(), settings.sharing);
+        Box::new(move || {
+            Box::pin(async move {
+                let holdings = pods.holdings_now(&state.current(), sharing).await;
+                cdi::still_needed(&holdings)
+            })
+        })
     }
 
     /// The conflict is in the state before the kubelet can see a device, so no EFA is

@@ -11,17 +11,15 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::sharing::Sharing;
 use crate::allocation::{Allocated, CONTAINER_NODE_DIR, Contributor};
-use crate::hostfile::HostFile;
+use crate::hostfile::{HostFile, KeepOnExit};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
 use crate::state::{DeviceReader, Holdings, Inventory};
 
@@ -218,7 +216,7 @@ pub(crate) async fn run(
     retry: Duration,
     failures: Counter,
     state: DeviceReader,
-    holdings: watch::Receiver<Arc<Holdings>>,
+    keep_on_exit: KeepOnExit,
     shutdown: CancellationToken,
 ) {
     let file = HostFile {
@@ -226,7 +224,7 @@ pub(crate) async fn run(
         what: "CDI spec",
         retry,
         failures: Some(failures),
-        keep_on_exit: Some(Box::new(move || still_needed(&holdings.borrow()))),
+        keep_on_exit: Some(keep_on_exit),
     };
     file.follow(state, |inventory| render(inventory, &settings), shutdown)
         .await
@@ -236,7 +234,7 @@ pub(crate) async fn run(
 /// running pod from its checkpoint, without calling the plugin, and the runtime then resolves
 /// the container's CDI names from this file: removed during a rollout or a crash loop, every
 /// EFA container that restarts would fail to start.
-fn still_needed(holdings: &Holdings) -> Option<String> {
+pub(crate) fn still_needed(holdings: &Holdings) -> Option<String> {
     if !holdings.known {
         return Some(
             "the kubelet's PodResources could not be read, so containers may still need it".into(),

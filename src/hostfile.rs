@@ -9,6 +9,7 @@
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -29,15 +30,16 @@ pub(crate) struct HostFile {
     pub keep_on_exit: Option<KeepOnExit>,
 }
 
-/// Why a file must outlive the plugin, if it must.
-pub(crate) type KeepOnExit = Box<dyn Fn() -> Option<String> + Send + Sync>;
+/// Asked once on exit, after the last write: why the file must outlive the plugin, if it must.
+pub(crate) type KeepOnExit =
+    Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Option<String>> + Send>> + Send + Sync>;
 
 impl HostFile {
     /// Keeps the file equal to `render` of the current snapshot, absent while that is `None`,
     /// until `shutdown`, then removes it unless `keep_on_exit` gives a reason not to. Never fails: a write error is logged, counted and
     /// retried.
     pub(crate) async fn follow(
-        self,
+        mut self,
         state: DeviceReader,
         render: impl Fn(&Inventory) -> Option<String>,
         shutdown: CancellationToken,
@@ -85,13 +87,17 @@ impl HostFile {
                 _ = pause(retry) => {}
             }
         }
-        match self.keep_on_exit.as_ref().and_then(|keep| keep()) {
-            Some(reason) if written.is_some() => tracing::info!(
+        let keep = match self.keep_on_exit.take() {
+            Some(keep) if written.is_some() => keep().await,
+            _ => None,
+        };
+        match keep {
+            Some(reason) => tracing::info!(
                 file = %self.path.display(),
                 "keeping the {}: {reason}",
                 self.what
             ),
-            _ => self.remove(),
+            None => self.remove(),
         }
     }
 

@@ -5,7 +5,6 @@
 mod support;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateRequest,
@@ -218,9 +217,14 @@ async fn spec_left_after_sigterm(holders: Vec<PodResources>) -> bool {
     h.spawn_plugin(&["--device-list-strategy", "cdi", "--cdi-spec-dir", &dir]);
     h.registered().await;
     eventually("the spec", || read_spec(&h).is_some()).await;
-    // One rescan interval for the view to have polled the kubelet.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let (status, _) = h.terminate_plugin();
+    // Waited for off the runtime thread: the PodResources stand-in on it must answer the
+    // plugin's last question.
+    let (h, (status, _)) = tokio::task::spawn_blocking(move || {
+        let stopped = h.terminate_plugin();
+        (h, stopped)
+    })
+    .await
+    .unwrap();
     assert!(status.success());
     spec_dir(&h).join(SPEC_FILE).exists()
 }
