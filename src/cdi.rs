@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::allocation::sharing::Sharing;
 use crate::allocation::{Allocated, CONTAINER_NODE_DIR, Contributor};
-use crate::hostfile::HostFile;
+use crate::hostfile::{HostFile, KeepOnExit};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
-use crate::state::{DeviceReader, Inventory};
+use crate::state::{DeviceReader, Holdings, Inventory};
 
 /// The spec's kind is the resource name, so several resources of one node never share a file or
 /// a device name space.
@@ -216,6 +216,7 @@ pub(crate) async fn run(
     retry: Duration,
     failures: Counter,
     state: DeviceReader,
+    keep_on_exit: KeepOnExit,
     shutdown: CancellationToken,
 ) {
     let file = HostFile {
@@ -223,9 +224,24 @@ pub(crate) async fn run(
         what: "CDI spec",
         retry,
         failures: Some(failures),
+        keep_on_exit: Some(keep_on_exit),
     };
     file.follow(state, |inventory| render(inventory, &settings), shutdown)
         .await
+}
+
+/// Why the spec must outlive the plugin, if it must. The kubelet restarts a container of a
+/// running pod from its checkpoint, without calling the plugin, and the runtime then resolves
+/// the container's CDI names from this file: removed during a rollout or a crash loop, every
+/// EFA container that restarts would fail to start.
+pub(crate) fn still_needed(holdings: &Holdings) -> Option<String> {
+    if !holdings.known {
+        return Some(
+            "the kubelet's PodResources could not be read, so containers may still need it".into(),
+        );
+    }
+    let holders: usize = holdings.holders.values().map(Vec::len).sum();
+    (holders > 0).then(|| format!("{holders} container(s) hold EFAs and may restart"))
 }
 
 /// Answers each allocated EFA by its CDI name and nothing else: the runtime takes the node (and

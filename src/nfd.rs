@@ -58,6 +58,7 @@ pub(crate) async fn run(
         what: "NFD feature file",
         retry,
         failures: None,
+        keep_on_exit: None,
     };
     file.follow(state, |inventory| Some(render(inventory)), shutdown)
         .await

@@ -1,5 +1,6 @@
 //! The cdi device-list strategy and allocate.env against the real binary: what Allocate answers
-//! in either mode, and the CDI spec file's whole life (written, rewritten, retried, removed).
+//! in either mode, and the CDI spec file's whole life (written, rewritten, retried, kept or
+//! removed on exit).
 
 mod support;
 
@@ -8,11 +9,14 @@ use std::path::PathBuf;
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateRequest,
 };
+use efa_device_plugin::proto::podresources::PodResources;
+use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::{self, Shape};
 use support::{Harness, assert_one_line_error, eventually, run_binary, sample, write_config};
 
 const SPEC_FILE: &str = "vpc.amazonaws.com-efa.json";
 const FAILURES: &str = "efa_device_plugin_cdi_spec_write_failures_total";
+const RESOURCE: &str = "vpc.amazonaws.com/efa";
 
 fn spec_dir(h: &Harness) -> PathBuf {
     h.root.path().join("cdi")
@@ -172,7 +176,7 @@ async fn shared_efas_have_one_cdi_device_per_replica() {
 }
 
 #[tokio::test]
-async fn spec_follows_the_devices_and_goes_on_sigterm() {
+async fn spec_follows_the_devices_and_outlives_a_plugin_that_cannot_tell_who_needs_it() {
     let mut h = cdi_plugin(Shape::P4d, &[]).await;
     let initial = spec_names(&read_spec(&h).unwrap());
     assert_eq!(initial.len(), 4);
@@ -195,9 +199,48 @@ async fn spec_follows_the_devices_and_goes_on_sigterm() {
     let leftovers: Vec<_> = std::fs::read_dir(spec_dir(&h)).unwrap().flatten().collect();
     assert_eq!(leftovers.len(), 1, "only the spec, no temporary file");
 
+    // No PodResources socket in this harness: whether a container still needs the spec cannot
+    // be known, so it stays.
     let (status, _) = h.terminate_plugin();
     assert!(status.success());
-    assert!(!spec_dir(&h).join(SPEC_FILE).exists(), "removed on SIGTERM");
+    assert!(spec_dir(&h).join(SPEC_FILE).exists(), "kept on SIGTERM");
+    assert!(h.plugin_log().contains("keeping the CDI spec"));
+}
+
+/// Stops a cdi-mode plugin whose kubelet says `holders` hold EFAs, and tells whether the spec
+/// is left behind.
+async fn spec_left_after_sigterm(holders: Vec<PodResources>) -> bool {
+    let mut h = Harness::new(Shape::P4d);
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let _kubelet = PodResourcesStub::start(&socket, holders).unwrap();
+    let dir = spec_dir(&h).display().to_string();
+    h.spawn_plugin(&["--device-list-strategy", "cdi", "--cdi-spec-dir", &dir]);
+    h.registered().await;
+    eventually("the spec", || read_spec(&h).is_some()).await;
+    // Waited for off the runtime thread: the PodResources stand-in on it must answer the
+    // plugin's last question.
+    let (h, (status, _)) = tokio::task::spawn_blocking(move || {
+        let stopped = h.terminate_plugin();
+        (h, stopped)
+    })
+    .await
+    .unwrap();
+    assert!(status.success());
+    spec_dir(&h).join(SPEC_FILE).exists()
+}
+
+#[tokio::test]
+async fn the_spec_stays_while_a_container_holds_an_efa_and_goes_when_none_does() {
+    let holder = pod("ml", "trainer-0", "main", RESOURCE, &["rdmap16s27"]);
+    assert!(
+        spec_left_after_sigterm(vec![holder]).await,
+        "a holder may restart"
+    );
+    let other = pod("ml", "gpu-only", "main", "nvidia.com/gpu", &["GPU-0"]);
+    assert!(
+        !spec_left_after_sigterm(vec![other]).await,
+        "nobody needs it"
+    );
 }
 
 #[tokio::test]

@@ -22,10 +22,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use super::counters::{CounterFiles, DeviceCounters};
-use super::pod_resources::{Holders, PodResources};
 use crate::allocation::metrics::AllocationMetrics;
 use crate::health::ScanStats;
-use crate::state::{DeviceReader, PluginStatus};
+use crate::state::{DeviceReader, Holdings, PluginStatus};
 
 /// The `Content-Type` of what [`Metrics::scrape`] returns.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -35,8 +34,9 @@ pub struct Metrics {
     registry: Registry,
     state: DeviceReader,
     counters: Arc<CounterFiles>,
-    /// `None` without pod attribution: the kubelet is then never asked.
-    pods: Option<PodResources>,
+    holdings: watch::Receiver<Arc<Holdings>>,
+    /// Whether scrapes name the containers holding each device.
+    pod_labels: bool,
     /// When the latest scrape was taken, and the scrape while a client still reads it.
     turn: tokio::sync::Mutex<Option<(Instant, Weak<Scrape>)>>,
 }
@@ -48,7 +48,8 @@ impl Metrics {
         allocations: &AllocationMetrics,
         scans: Arc<ScanStats>,
         sysfs_root: &Path,
-        pods: Option<PodResources>,
+        holdings: watch::Receiver<Arc<Holdings>>,
+        pod_labels: bool,
     ) -> Self {
         let mut registry = Registry::default();
         allocations.register(&mut registry);
@@ -56,12 +57,14 @@ impl Metrics {
             state: state.clone(),
             status,
             scans,
+            holdings: holdings.clone(),
         }));
         Metrics {
             registry,
             state,
             counters: Arc::new(CounterFiles::new(sysfs_root)),
-            pods,
+            holdings,
+            pod_labels,
             turn: tokio::sync::Mutex::new(None),
         }
     }
@@ -109,10 +112,10 @@ impl Metrics {
             .collect();
         let counters = self.counters.clone();
         // Reading 600 counter files is the bulk of a scrape; done off the runtime thread, it
-        // cannot delay an Allocate, and it overlaps the question about pods.
-        let reads = tokio::task::spawn_blocking(move || counters.read(&devices));
-        let holders = self.holders().await;
-        let counters = reads.await.unwrap_or_else(|err| {
+        // cannot delay an Allocate.
+        let counters = tokio::task::spawn_blocking(move || counters.read(&devices))
+            .await
+            .unwrap_or_else(|err| {
             tracing::error!(error = %err, "reading the EFA hardware counters failed; this scrape has none");
             Vec::new()
         });
@@ -129,16 +132,14 @@ impl Metrics {
             plugin,
             names,
             counters,
-            holders,
+            holdings: self.holdings(),
         }
     }
 
-    /// Who holds which EFA, for one scrape: empty without pod attribution.
-    async fn holders(&self) -> Arc<Holders> {
-        match &self.pods {
-            Some(pods) => Arc::new(pods.holders().await),
-            None => Arc::default(),
-        }
+    /// Who holds which EFA, for one scrape: the background view's latest, shared, not copied;
+    /// `None` without pod attribution.
+    fn holdings(&self) -> Option<Arc<Holdings>> {
+        self.pod_labels.then(|| self.holdings.borrow().clone())
     }
 }
 
@@ -149,7 +150,7 @@ struct Scrape {
     /// Every hardware counter name any device has, sorted: one family each.
     names: Vec<String>,
     counters: Vec<DeviceCounters>,
-    holders: Arc<Holders>,
+    holdings: Option<Arc<Holdings>>,
 }
 
 /// Where a [`ScrapeBody`] is in its scrape.
@@ -234,7 +235,10 @@ impl ScrapeBody {
                 Part::Allocation { device, holder } => match scrape.counters.get(device) {
                     None => Part::Done,
                     Some(counters) => {
-                        let held = scrape.holders.get(&counters.device);
+                        let held = scrape
+                            .holdings
+                            .as_ref()
+                            .and_then(|h| h.holders.get(&counters.device));
                         match held.and_then(|list| list.get(holder)) {
                             None => Part::Allocation {
                                 device: device + 1,
@@ -317,6 +321,7 @@ struct PluginCollector {
     state: DeviceReader,
     status: watch::Receiver<PluginStatus>,
     scans: Arc<ScanStats>,
+    holdings: watch::Receiver<Arc<Holdings>>,
 }
 
 impl fmt::Debug for PluginCollector {
@@ -388,6 +393,30 @@ impl Collector for PluginCollector {
                 MetricType::Gauge,
             )?,
         )?;
+        let foreign = self.holdings.borrow().foreign_ids();
+        let gauges = [
+            (
+                "efa_device_plugin_competing_plugin",
+                "1 while another device plugin for this resource serves its socket in the \
+                 device-plugin dir; the plugin then does not take the resource back from it",
+                i64::from(status.competitor.is_some()),
+            ),
+            (
+                "efa_device_plugin_foreign_allocations",
+                "IDs that pods hold under this resource but this plugin does not advertise \
+                 (from another plugin, ID strategy or sharing count); the kubelet counts their \
+                 EFAs as free",
+                i64::try_from(foreign).unwrap_or(i64::MAX),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            ConstGauge::new(value).encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                MetricType::Gauge,
+            )?)?;
+        }
         Ok(())
     }
 }
