@@ -107,12 +107,12 @@ fn scenarios() -> Vec<Scenario> {
             run: || Box::pin(flap(1780, 64, true)),
         },
         Scenario {
-            name: "810 EFAs x64, cdi, after a flap (cdi's most)",
-            run: || Box::pin(flap(810, 64, true)),
+            name: "721 EFAs x64, cdi, after a flap (cdi's most)",
+            run: || Box::pin(flap(721, 64, true)),
         },
         Scenario {
-            name: "1,780 EFAs x29, cdi, after a flap (cdi's most)",
-            run: || Box::pin(flap(1780, 29, true)),
+            name: "1,780 EFAs x25, cdi, after a flap (cdi's most)",
+            run: || Box::pin(flap(1780, 25, true)),
         },
     ]
 }
