@@ -536,3 +536,31 @@ async fn a_write_that_keeps_failing_is_logged_once_though_each_temp_file_has_a_n
         "one line for the streak\n{log}"
     );
 }
+
+#[tokio::test]
+async fn a_closed_stderr_pipe_never_ends_the_plugin() {
+    let mut h = Harness::new(Shape::P4d);
+    // A pipe whose reader is gone: every log line fails with EPIPE, from the first.
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    h.spawn_plugin_with(&["--log-format", "json"], |command| {
+        command.stderr(std::fs::File::from(writer));
+    });
+    h.registered().await;
+    let (status, _) = h.terminate_plugin();
+    assert!(status.success(), "{status:?}");
+    assert!(!h.plugin_socket().exists());
+}
+
+#[tokio::test]
+async fn sighup_stops_the_plugin_like_sigterm_with_its_clean_up() {
+    let mut h = Harness::new(Shape::P4d);
+    let (_, nfd) = spawn_with_host_files(&mut h);
+    h.registered().await;
+    eventually("the NFD file", || nfd.exists()).await;
+    let (status, _) = h.stop_plugin(nix::sys::signal::Signal::SIGHUP);
+    assert!(status.success(), "{status:?}\n{}", h.plugin_log());
+    assert!(!h.plugin_socket().exists(), "socket left behind");
+    assert!(!nfd.exists(), "NFD file left behind");
+    assert!(h.plugin_log().contains("stopping on signal"));
+}
