@@ -1044,17 +1044,9 @@ mod tests {
 
     #[test]
     fn env_maps_keep_each_scalar_as_written() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("env.yaml");
-        let yaml = "allocate:\n  env:\n    V: 1.10\n    H: 0x10\n    T: True\n    O: 010\n    I: 1\n    S: \"x,y\"\n";
-        std::fs::write(&path, yaml).unwrap();
-        let (_, settings) = parse([
-            "efa-device-plugin",
-            "--config",
-            path.to_str().unwrap(),
-            "config",
-        ])
-        .unwrap();
+        let settings = from_file(
+            "allocate:\n  env:\n    V: 1.10\n    H: 0x10\n    T: True\n    O: 010\n    I: 1\n    S: \"x,y\"\n",
+        );
         let expected: BTreeMap<String, String> = [
             ("H", "0x10"),
             ("I", "1"),
@@ -1083,25 +1075,6 @@ mod tests {
     }
 
     #[test]
-    fn a_config_file_of_comments_only_means_defaults() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("comments.yaml");
-        std::fs::write(
-            &path,
-            "# efa-device-plugin settings\n# rescan-interval: 2s\n",
-        )
-        .unwrap();
-        let (_, settings) = parse([
-            "efa-device-plugin",
-            "--config",
-            path.to_str().unwrap(),
-            "config",
-        ])
-        .unwrap();
-        assert_eq!(settings, Settings::default());
-    }
-
-    #[test]
     fn nesting_depth_bounds_block_compact_and_flow_nesting() {
         assert_eq!(nesting_depth("sharing:\n  replicas: 1\n"), 1);
         assert_eq!(nesting_depth("dra-drivers:\n  - dra.net\n"), 2);
@@ -1114,19 +1087,29 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_empty_config_file_means_defaults() {
+    /// The settings a config file holding `text` gives.
+    fn from_file(text: &str) -> Settings {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("empty.yaml");
-        std::fs::write(&path, "\n").unwrap();
-        let (_, settings) = parse([
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, text).unwrap();
+        let args = [
             "efa-device-plugin",
             "--config",
             path.to_str().unwrap(),
             "config",
-        ])
-        .unwrap();
-        assert_eq!(settings, Settings::default());
+        ];
+        parse(args).unwrap().1
+    }
+
+    #[test]
+    fn an_empty_or_comments_only_config_file_means_defaults() {
+        for text in [
+            "",
+            "\n",
+            "# efa-device-plugin settings\n# rescan-interval: 2s\n",
+        ] {
+            assert_eq!(from_file(text), Settings::default(), "{text:?}");
+        }
     }
 
     #[test]
