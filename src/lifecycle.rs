@@ -42,6 +42,10 @@ const LAST_RETRY: Duration = Duration::from_secs(5);
 const REFUSED_PATIENCE: Duration = Duration::from_secs(1);
 /// A stream the kubelet keeps this long was not a rejection.
 const STABLE_AFTER: Duration = Duration::from_secs(3);
+/// The kubelet opens its ListAndWatch stream as soon as Register returns. A kubelet whose
+/// stream call failed leaves the plugin registered with no stream and never retries it, so no
+/// stream this long after Register counts as a failed registration.
+const STREAM_PATIENCE: Duration = Duration::from_secs(5);
 /// Longest pause between registrations while the kubelet keeps ending streams at once.
 const CHURN_CAP: Duration = Duration::from_secs(30);
 
@@ -51,6 +55,10 @@ enum Ending {
     SocketReplaced,
     KubeletSocketReplaced,
     StreamEnded,
+    /// Not an ending: the kubelet's stream is open, the registration works.
+    StreamOpened,
+    /// No stream within [`STREAM_PATIENCE`] of Register.
+    NoStream,
     Shutdown,
 }
 
@@ -116,6 +124,7 @@ impl Lifecycle {
         };
         let mut retry = FIRST_RETRY;
         let mut churn = Churn::default();
+        let mut failures = Failures::default();
         let mut last_kubelet: Option<FileIdentity> = None;
         let mut waiting_logged = false;
         loop {
@@ -147,7 +156,7 @@ impl Lifecycle {
                     continue;
                 }
                 Attempt::Failed(err) => {
-                    tracing::warn!(error = %format!("{err:#}"), retry_in = ?retry, "registration with the kubelet failed");
+                    failures.failed(format!("{err:#}"), retry);
                     if !self
                         .wait_for_kubelet(&mut watch, Some(retry), &shutdown)
                         .await
@@ -158,7 +167,6 @@ impl Lifecycle {
                     continue;
                 }
             };
-            retry = FIRST_RETRY;
             // The kubelet registered with is the one whose socket is there now: a kubelet that
             // restarted between the look above and our dial was dialled instead. A later restart
             // would have deleted our socket, which ends this registration anyway.
@@ -175,24 +183,68 @@ impl Lifecycle {
                 s.registrations += 1;
                 s.kubelet_restarts += u64::from(restarted);
             });
-            if !churn.backing_off() {
+            let log_registered = |after_failures: u32| {
                 tracing::info!(
                     resource = %self.resource_name,
                     endpoint = PLUGIN_SOCKET,
                     kubelet_restarted = restarted,
                     devices = self.state.current().devices().len(),
+                    after_failures,
                     "registered with the kubelet"
                 );
+            };
+            // While registrations fail, one that has no stream yet may fail too: it is logged
+            // once its stream opens.
+            if !churn.backing_off() && !failures.failing() {
+                log_registered(0);
             }
 
-            let ended = self
-                .wait_until_ended(&generation, &mut watch, kubelet, &mut churn, &shutdown)
+            let mut ended = self
+                .wait_until_ended(
+                    &generation,
+                    &mut watch,
+                    kubelet,
+                    &mut churn,
+                    true,
+                    &shutdown,
+                )
                 .await;
+            if ended == Ending::StreamOpened {
+                retry = FIRST_RETRY;
+                if let Some(after) = failures.recovered() {
+                    log_registered(after);
+                }
+                ended = self
+                    .wait_until_ended(
+                        &generation,
+                        &mut watch,
+                        kubelet,
+                        &mut churn,
+                        false,
+                        &shutdown,
+                    )
+                    .await;
+            }
             self.status.send_modify(|s| s.registered = false);
             generation.stop().await;
             let pause = match ended {
                 Ending::Shutdown => return Ok(()),
                 Ending::StreamEnded => churn.stream_ended(),
+                Ending::NoStream => {
+                    failures.failed(
+                        format!("the kubelet accepted Register but opened no ListAndWatch stream within {STREAM_PATIENCE:?}"),
+                        retry,
+                    );
+                    let pause = retry;
+                    retry = (retry * 2).min(LAST_RETRY);
+                    if !self
+                        .wait_for_kubelet(&mut watch, Some(pause), &shutdown)
+                        .await
+                    {
+                        return Ok(());
+                    }
+                    continue;
+                }
                 _ => {
                     churn.settle();
                     None
@@ -334,21 +386,36 @@ impl Lifecycle {
         }
     }
 
+    /// Waits for the registration to end; with `awaiting_stream`, returns
+    /// [`Ending::StreamOpened`] once a stream is open, or [`Ending::NoStream`] after
+    /// [`STREAM_PATIENCE`] without one. Any client's stream counts there: the kubelet's is only
+    /// told apart once it ends, and a foreign stream in those seconds at worst delays the
+    /// detection to the next registration.
     async fn wait_until_ended(
         &self,
         generation: &Generation,
         watch: &mut DirWatch,
         kubelet: Option<FileIdentity>,
         churn: &mut Churn,
+        awaiting_stream: bool,
         shutdown: &CancellationToken,
     ) -> Ending {
         let stable = tokio::time::sleep(STABLE_AFTER);
         tokio::pin!(stable);
+        let patience = tokio::time::sleep(STREAM_PATIENCE);
+        tokio::pin!(patience);
+        let mut streams = generation.hooks.open_streams();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ending::Shutdown,
                 _ = generation.hooks.ended_by_kubelet() => return Ending::StreamEnded,
-                _ = &mut stable, if churn.streak > 0 => churn.settle(),
+                // The sender lives in the hooks this generation holds: no error to tell apart.
+                _ = async { streams.wait_for(|open| *open > 0).await.is_ok() }, if awaiting_stream => {
+                    return Ending::StreamOpened;
+                }
+                _ = &mut patience, if awaiting_stream => return Ending::NoStream,
+                // Counted from the stream's opening, not from Register.
+                _ = &mut stable, if churn.streak > 0 && !awaiting_stream => churn.settle(),
                 events = watch.next() => {
                     if events.is_err() {
                         return Ending::SocketReplaced;
@@ -426,6 +493,47 @@ impl Churn {
             );
         }
         self.streak = 0;
+    }
+}
+
+/// Consecutive failed registrations: refused, unreachable, or accepted without a stream. A
+/// kubelet that keeps refusing is tried every few seconds for as long as it refuses, so each
+/// attempt is not logged: only the first failure, a failure for another reason, and the
+/// registration that ends the streak.
+#[derive(Default)]
+struct Failures {
+    count: u32,
+    logged: Option<String>,
+}
+
+impl Failures {
+    fn failed(&mut self, error: String, retry: Duration) {
+        self.count += 1;
+        if self.logged.as_ref() == Some(&error) {
+            tracing::debug!(
+                error,
+                attempts = self.count,
+                "registration with the kubelet failed again"
+            );
+            return;
+        }
+        tracing::warn!(
+            error,
+            retry_in = ?retry,
+            max_pause = ?LAST_RETRY,
+            "registration with the kubelet failed; retrying with growing pauses, logged again only if the error changes"
+        );
+        self.logged = Some(error);
+    }
+
+    fn failing(&self) -> bool {
+        self.count > 0
+    }
+
+    /// A registration worked: how many failed before it, if any.
+    fn recovered(&mut self) -> Option<u32> {
+        let failed = std::mem::take(self).count;
+        (failed > 0).then_some(failed)
     }
 }
 
