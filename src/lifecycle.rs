@@ -122,7 +122,6 @@ impl Lifecycle {
         let Some(mut watch) = self.watch_dir(&shutdown).await else {
             return Ok(());
         };
-        let mut retry = FIRST_RETRY;
         let mut churn = Churn::default();
         let mut failures = Failures::default();
         let mut last_kubelet: Option<FileIdentity> = None;
@@ -156,14 +155,13 @@ impl Lifecycle {
                     continue;
                 }
                 Attempt::Failed(err) => {
-                    failures.failed(format!("{err:#}"), retry);
+                    let pause = failures.failed(format!("{err:#}"));
                     if !self
-                        .wait_for_kubelet(&mut watch, Some(retry), &shutdown)
+                        .wait_for_kubelet(&mut watch, Some(pause), &shutdown)
                         .await
                     {
                         return Ok(());
                     }
-                    retry = (retry * 2).min(LAST_RETRY);
                     continue;
                 }
             };
@@ -210,7 +208,6 @@ impl Lifecycle {
                 )
                 .await;
             if ended == Ending::StreamOpened {
-                retry = FIRST_RETRY;
                 if let Some(after) = failures.recovered() {
                     log_registered(after);
                 }
@@ -230,27 +227,16 @@ impl Lifecycle {
             let pause = match ended {
                 Ending::Shutdown => return Ok(()),
                 Ending::StreamEnded => churn.stream_ended(),
-                Ending::NoStream => {
-                    failures.failed(
-                        format!("the kubelet accepted Register but opened no ListAndWatch stream within {STREAM_PATIENCE:?}"),
-                        retry,
-                    );
-                    let pause = retry;
-                    retry = (retry * 2).min(LAST_RETRY);
-                    if !self
-                        .wait_for_kubelet(&mut watch, Some(pause), &shutdown)
-                        .await
-                    {
-                        return Ok(());
-                    }
-                    continue;
-                }
+                Ending::NoStream => Some(failures.failed(format!(
+                    "the kubelet accepted Register but opened no ListAndWatch stream within {STREAM_PATIENCE:?}"
+                ))),
                 _ => {
                     churn.settle();
                     None
                 }
             };
-            if !churn.backing_off() {
+            // A failed registration has had its line.
+            if !churn.backing_off() && ended != Ending::NoStream {
                 tracing::info!(reason = ?ended, "registration ended; registering again");
             }
             if let Some(pause) = pause
@@ -504,26 +490,31 @@ impl Churn {
 struct Failures {
     count: u32,
     logged: Option<String>,
+    /// The last pause; the next doubles it, up to [`LAST_RETRY`].
+    paused: Option<Duration>,
 }
 
 impl Failures {
-    fn failed(&mut self, error: String, retry: Duration) {
+    /// Counts a failure and returns the pause before the next attempt: [`FIRST_RETRY`], then
+    /// doubling up to [`LAST_RETRY`].
+    fn failed(&mut self, error: String) -> Duration {
         self.count += 1;
+        let pause = self
+            .paused
+            .map_or(FIRST_RETRY, |last| (last * 2).min(LAST_RETRY));
+        self.paused = Some(pause);
         if self.logged.as_ref() == Some(&error) {
-            tracing::debug!(
-                error,
-                attempts = self.count,
-                "registration with the kubelet failed again"
-            );
-            return;
+            tracing::debug!(error, attempts = self.count, retry_in = ?pause, "registration with the kubelet failed again");
+            return pause;
         }
         tracing::warn!(
             error,
-            retry_in = ?retry,
+            retry_in = ?pause,
             max_pause = ?LAST_RETRY,
             "registration with the kubelet failed; retrying with growing pauses, logged again only if the error changes"
         );
         self.logged = Some(error);
+        pause
     }
 
     fn failing(&self) -> bool {
@@ -593,5 +584,23 @@ async fn persist<T>(
             _ = shutdown.cancelled() => return None,
             _ = tokio::time::sleep(LAST_RETRY) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_registrations_pause_longer_until_one_works() {
+        let mut failures = Failures::default();
+        let pauses: Vec<u64> = (0..9)
+            .map(|_| failures.failed("refused".into()).as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        assert!(failures.failing());
+        assert_eq!(failures.recovered(), Some(9));
+        assert_eq!(failures.recovered(), None);
+        assert_eq!(failures.failed("refused".into()), FIRST_RETRY);
     }
 }
