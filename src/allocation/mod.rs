@@ -118,7 +118,23 @@ impl Allocator {
         inventory: &Inventory,
         request: &PreferredAllocationRequest,
     ) -> PreferredAllocationResponse {
-        preferred::respond(inventory, self.sharing, request)
+        let response = preferred::respond(inventory, self.sharing, request);
+        // What the kubelet offered under its NUMA affinity, next to what came back: the only
+        // place an operator (or a test) can see the kubelet's filtering.
+        for (offer, answer) in request
+            .container_requests
+            .iter()
+            .zip(&response.container_responses)
+        {
+            tracing::debug!(
+                offered = %offer.available_device_i_ds.join(","),
+                must_include = %offer.must_include_device_i_ds.join(","),
+                size = offer.allocation_size,
+                answer = %answer.device_i_ds.join(","),
+                "answered GetPreferredAllocation"
+            );
+        }
+        response
     }
 
     pub fn allocate(
