@@ -31,7 +31,7 @@ hold_gpu0() {
 # gpa_summary: the answers since the last run_pod, for the case's line.
 gpa_summary() {
 	local offered must size answer out=()
-	while IFS=$'\t' read -r offered must size answer; do
+	while IFS='|' read -r offered must size answer; do
 		out+=("GPA offered [$offered] must [$must] size $size -> [$answer]")
 	done < <(new_gpa)
 	((${#out[@]} > 0)) || out=("no GPA call")
@@ -49,7 +49,7 @@ expect_one_gpa() {
 		REASON="$n GetPreferredAllocation answers logged, want 1: $(gpa_summary)"
 		return 1
 	fi
-	IFS=$'\t' read -r offered must size answer < <(new_gpa)
+	IFS='|' read -r offered must size answer < <(new_gpa)
 	if [[ $(sorted_csv "$offered") != "$want_offered" || $(sorted_csv "$must") != "$want_must" || $size != "$want_size" ]]; then
 		REASON="the kubelet offered [$offered] must [$must] size $size, want [$want_offered] must [$want_must] size $want_size"
 		return 1
@@ -67,6 +67,15 @@ expect_devices() {
 		REASON="checkpoint gives ${3:-pod} $1 $2 [$got] under NUMA keys [$keys], want [$4] under [$5]"
 		return 1
 	fi
+}
+
+# expect_gpu1_job NAME IDS NUMA: container job of the pod got EFAs IDS
+# under key NUMA, and GPU-1 (key 1), which it also sees in the stand-in's
+# variable.
+expect_gpu1_job() {
+	expect_devices "$1" "$RESOURCE" job "$2" "$3" &&
+		expect_devices "$1" "$GPU" job GPU-1 1 &&
+		expect_gpu_env "$1" job GPU-1
 }
 
 # expect_gpu_env NAME CONTAINER IDS: the stand-in's variable in the container.
@@ -103,9 +112,7 @@ case_t1() {
 	for pod in t1a t1b t1c; do
 		expect_running "$pod" app:job:1:1 || return 1
 		expect_one_gpa "$(fixture_ids_of p4d 1)" "" 1 &&
-			expect_devices "$pod" "$RESOURCE" job "$GPA_ANSWER" 1 &&
-			expect_devices "$pod" "$GPU" job GPU-1 1 &&
-			expect_gpu_env "$pod" job GPU-1 || return 1
+			expect_gpu1_job "$pod" "$GPA_ANSWER" 1 || return 1
 		runs+=("GPU-1 + [$GPA_ANSWER] (key 1), $(gpa_summary)")
 		drop_pod "$pod" || return 1
 	done
@@ -117,9 +124,7 @@ case_t1() {
 case_t2() {
 	fresh single-numa-node container p4d && hold_gpu0 t2 || return 1
 	expect_running t2 app:job:2:1 || return 1
-	expect_devices t2 "$RESOURCE" job "$(fixture_ids_of p4d 1)" 1 &&
-		expect_devices t2 "$GPU" job GPU-1 1 &&
-		expect_gpu_env t2 job GPU-1 || return 1
+	expect_gpu1_job t2 "$(fixture_ids_of p4d 1)" 1 || return 1
 	CASE_DETAIL="GPU-1 + [$(ids_of t2 "$RESOURCE")] (key 1); $(gpa_summary)"
 }
 
@@ -194,9 +199,7 @@ hold_t6() {
 case_t6_best_effort() {
 	fresh best-effort container p4d && hold_t6 t6b || return 1
 	expect_running t6b app:job:2:1 || return 1
-	expect_devices t6b "$RESOURCE" job "$(fixture_ids_of p4d 0)" 0 &&
-		expect_devices t6b "$GPU" job GPU-1 1 &&
-		expect_gpu_env t6b job GPU-1 || return 1
+	expect_gpu1_job t6b "$(fixture_ids_of p4d 0)" 0 || return 1
 	CASE_DETAIL="misaligned: GPU-1 (node 1) + [$(ids_of t6b "$RESOURCE")] (node 0); $(gpa_summary)"
 }
 
@@ -256,7 +259,7 @@ case_t10() {
 		return 1
 	fi
 	local last
-	last=$(new_gpa | tail -1 | cut -f2)
+	last=$(new_gpa | tail -1 | cut -d'|' -f2)
 	if [[ $last != "$kept" ]]; then
 		REASON="the app container's GPA had must_include [$last], want [$kept]; $(gpa_summary)"
 		return 1

@@ -3,8 +3,8 @@
 fixture                  `efa-device-plugin list --output json` on stdin: one
                          "ID NUMA IBDEV" line per EFA (NUMA -1: none)
 gpa LOG SKIP             the plugin's GetPreferredAllocation answers in LOG after
-                         the first SKIP: "OFFERED<tab>MUST<tab>SIZE<tab>ANSWER",
-                         ID lists comma-separated
+                         the first SKIP: "OFFERED|MUST|SIZE|ANSWER", ID lists
+                         comma-separated (a field may be empty)
 hints LOG POD RES        the hints of the kubelet's TopologyHints lines in LOG for
                          the static pod POD and resource RES, one line per line
                          logged: "CONTAINER NODES:PREFERRED ...", NODES the NUMA
@@ -34,7 +34,7 @@ def gpa(log, skip):
         for line in f:
             m = GPA.search(line)
             if m:
-                answers.append("\t".join(m.groups()))
+                answers.append("|".join(m.groups()))
     for answer in answers[int(skip):]:
         print(answer)
 

@@ -24,7 +24,7 @@ write_topo_pod() {
 			IFS=,
 			cat <<-EOF
 				{"name": "$cname", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-				 "command": ["sh", "-c", "printenv $GPU_ENV >/out/$cname.gpu; ls /dev/infiniband >/out/$cname.ls 2>&1; $rest"],
+				 "command": ["sh", "-c", "echo \"\${$GPU_ENV-}\" >/out/$cname.gpu; ls /dev/infiniband >/out/$cname.ls 2>&1; $rest"],
 				 "resources": {"limits": {${limits[*]}}},
 				 "volumeMounts": [{"name": "out", "mountPath": "/out"}]}
 			EOF
