@@ -117,8 +117,8 @@ async fn foreign_ids_are_counted_named_and_steered_around() {
         .await;
     // Their traffic is still the holder's.
     let held = format!(
-        "efa_rx_bytes_total{{device=\"{}\",ibdev=\"{}\",namespace=\"ml\",pod=\"holder\",container=\"main\"}}",
-        efas[0].bdf, efas[0].ibdev
+        "efa_device_allocation{{device=\"{}\",namespace=\"ml\",pod=\"holder\",container=\"main\"}}",
+        efas[0].bdf
     );
     assert!(sample(&text, &held).is_some(), "{text}");
     let log = h.plugin_log();

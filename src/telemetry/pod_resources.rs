@@ -63,7 +63,7 @@ impl PodResources {
                     tracing::warn!(
                         socket = %self.socket.display(),
                         error = %err,
-                        "cannot list pod resources; EFA counters carry no pod labels and foreign IDs go unseen"
+                        "cannot list pod resources; no efa_device_allocation series and foreign IDs go unseen"
                     );
                 }
                 self.last_ok = Some(false);
