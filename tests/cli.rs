@@ -266,6 +266,29 @@ fn list_on_a_node_without_efa_says_so() {
     assert!(stdout.contains("no EFA"), "{stdout}");
 }
 
+#[test]
+fn list_names_the_exclusive_rdma_netns_mode_and_its_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = FakeNode::build(dir.path(), Shape::NoEfa, node_kind()).unwrap();
+    let sysfs = node.sysfs.display().to_string();
+    let list = || run_binary(&["--sysfs-root", &sysfs, "list"], &[]);
+    for mode in [Some("Y"), None] {
+        node.set_rdma_netns_mode(mode).unwrap();
+        let (code, _, stderr) = list();
+        assert_eq!(code, 0);
+        assert!(!stderr.contains("exclusive"), "{mode:?}: {stderr}");
+    }
+    node.set_rdma_netns_mode(Some("N")).unwrap();
+    let (code, stdout, stderr) = list();
+    assert_eq!(code, 0);
+    assert!(stdout.contains("no EFA"), "{stdout}");
+    assert!(
+        stderr.contains("exclusive network-namespace mode")
+            && stderr.contains("rdma system set netns shared"),
+        "{stderr}"
+    );
+}
+
 #[cfg(feature = "demo")]
 #[test]
 fn demo_runs_and_cleans_up() {

@@ -359,3 +359,42 @@ async fn the_nfd_feature_file_follows_the_devices_and_goes_with_the_plugin() {
     assert!(took < Duration::from_secs(2));
     assert!(!file.exists(), "the labels must go with the plugin");
 }
+
+#[tokio::test]
+async fn the_exclusive_rdma_netns_mode_is_logged_once_with_the_fix_and_shown_as_a_gauge() {
+    let mut h = Harness::new(Shape::NoEfa);
+    h.spawn_plugin(&["--log-format", "json"]);
+    h.registered().await;
+    let gauge = |t: &str| sample(t, "efa_device_plugin_rdma_netns_exclusive");
+    let text = h
+        .scrape_until("the netns gauge", |t| gauge(t).is_some())
+        .await;
+    assert_eq!(gauge(&text), Some(0.0), "present, 0, from the start");
+
+    h.node.set_rdma_netns_mode(Some("N")).unwrap();
+    h.scrape_until("exclusive mode", |t| gauge(t) == Some(1.0))
+        .await;
+    // Several more rescans: the cause is logged once while it lasts.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let errors: Vec<serde_json::Value> = h
+        .plugin_log()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &serde_json::Value| line["level"] == "ERROR")
+        .collect();
+    assert_eq!(errors.len(), 1, "{}", h.plugin_log());
+    let message = errors[0]["message"].as_str().unwrap();
+    for part in [
+        "exclusive",
+        "netns_mode=N",
+        "rdma system set netns shared",
+        "hostNetwork",
+    ] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+
+    // A node without ib_core's parameter is in the shared mode.
+    h.node.set_rdma_netns_mode(None).unwrap();
+    h.scrape_until("shared mode again", |t| gauge(t) == Some(0.0))
+        .await;
+}

@@ -179,6 +179,15 @@ impl Collector for PluginCollector {
                 MetricType::Gauge,
             )?,
         )?;
+        ConstGauge::new(i64::from(inventory.netns_exclusive())).encode(
+            encoder.encode_descriptor(
+                "efa_device_plugin_rdma_netns_exclusive",
+                "1 while the RDMA subsystem is in exclusive network-namespace mode, which hides \
+                 the EFAs from pods without the host network",
+                None,
+                MetricType::Gauge,
+            )?,
+        )?;
         Ok(())
     }
 }
