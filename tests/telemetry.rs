@@ -109,14 +109,27 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
     // A stream end is not a kubelet restart.
     registrations(&h, 3, 1).await;
 
+    let device_healthy = |t: &str, efa: &FakeDevice| {
+        let series = format!(
+            "efa_device_plugin_device_healthy{{device=\"{}\",ibdev=\"{}\"}}",
+            efa.bdf, efa.ibdev
+        );
+        sample(t, &series)
+    };
     h.node.remove_node(&efas[1]).unwrap();
-    h.scrape_until("the failed device", |t| {
-        devices(t, "unhealthy") == Some(1.0) && devices(t, "healthy") == Some(3.0)
+    let text = h
+        .scrape_until("the failed device", |t| {
+            devices(t, "unhealthy") == Some(1.0) && devices(t, "healthy") == Some(3.0)
+        })
+        .await;
+    // The one that failed is named, so an alert can say which.
+    assert_eq!(device_healthy(&text, &efas[1]), Some(0.0), "{text}");
+    assert_eq!(device_healthy(&text, &efas[0]), Some(1.0), "{text}");
+    h.node.create_node(&efas[1]).unwrap();
+    h.scrape_until("the recovery", |t| {
+        devices(t, "healthy") == Some(4.0) && device_healthy(t, &efas[1]) == Some(1.0)
     })
     .await;
-    h.node.create_node(&efas[1]).unwrap();
-    h.scrape_until("the recovery", |t| devices(t, "healthy") == Some(4.0))
-        .await;
 }
 
 #[tokio::test]
@@ -130,12 +143,16 @@ async fn probes_follow_the_registration() {
     assert_eq!(status, 503);
     assert!(reason.contains("not registered"), "{reason}");
     assert_eq!(h.get("/nope").await.0, 404);
+    let registered = |t: &str| sample(t, "efa_device_plugin_registered");
+    assert_eq!(registered(&h.get("/metrics").await.1), Some(0.0));
     h.terminate_plugin();
 
     h.spawn_plugin(&[]);
     h.registered().await;
     wait_ready(&h, 200).await;
     assert_eq!(h.get("/healthz").await.0, 200);
+    h.scrape_until("the registration gauge", |t| registered(t) == Some(1.0))
+        .await;
 
     // The kubelet's restart drops the registration until the plugin is back.
     h.kubelet.restart().await.unwrap();
