@@ -28,8 +28,11 @@ fn main() -> ExitCode {
         Command::List { output } => list::print(&settings, output, &mut std::io::stdout()),
         #[cfg(feature = "demo")]
         Command::Demo => efa_device_plugin::demo::run(),
-        Command::Config => serde_yaml::to_string(&settings)
+        Command::Config { schema: false } => serde_yaml::to_string(&settings)
             .map(|yaml| print!("{yaml}"))
+            .map_err(Into::into),
+        Command::Config { schema: true } => serde_json::to_string_pretty(&config::file_schema())
+            .map(|json| println!("{json}"))
             .map_err(Into::into),
     };
     match outcome {

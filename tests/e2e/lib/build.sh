@@ -137,6 +137,16 @@ helm_binary() {
 	printf '%s\n' "$dir/helm"
 }
 
+# Prometheus 3.16.0 (its module tags releases v0.<minor><patch>) with only
+# Kubernetes service discovery compiled in, which is all the suites use: the
+# server for the cluster suite, promtool for the alert rules in the deploy tier.
+PROMETHEUS_VERSION=v0.316.0
+prometheus_binaries() {
+	go_tool_binaries "$1" prometheus "$PROMETHEUS_VERSION" remove_all_sd,enable_kubernetes_sd \
+		github.com/prometheus/prometheus/cmd/prometheus \
+		github.com/prometheus/prometheus/cmd/promtool
+}
+
 # static_plugin_binary REPO: builds the plugin exactly as the image's build
 # stage does (static, release, locked) and prints its path. The deployment
 # checks build the same target, so a run after them reuses their build.
