@@ -168,14 +168,16 @@ kubelet_cgroup_settings() {
 	fi
 }
 
-# podmonitor_crd CACHE: prints the path of the PodMonitor CRD as
-# prometheus-operator publishes it, from its module through the proxy, so the
-# chart's optional PodMonitor meets the real schema.
+# prometheus_operator_crds CACHE: prints the paths of the PodMonitor and
+# PrometheusRule CRDs as prometheus-operator publishes them, from its module
+# through the proxy, so the chart's optional objects meet the real schemas.
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
-podmonitor_crd() {
-	local dir
+prometheus_operator_crds() {
+	local dir kind
 	go_env "$1"
 	dir=$(cd "$1" && go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
 		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || return 1
-	printf '%s\n' "$dir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml"
+	for kind in podmonitors prometheusrules; do
+		printf '%s\n' "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml"
+	done
 }
