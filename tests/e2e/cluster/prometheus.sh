@@ -175,16 +175,23 @@ case_prometheus_holder_labels() {
 
 alert_is() { [[ $(prom alert "$PROMETHEUS_URL" EfaDeviceUnhealthy "ibdev=$1" 2>/dev/null) == "$2" ]]; }
 
+# every_query_has_data WHAT COMMAND...: each query COMMAND prints, one a line
+# as "label<TAB>query" or the query alone, returns at least one sample.
+every_query_has_data() {
+	local what=$1 label expr empty=()
+	shift
+	while IFS=$'\t' read -r label expr; do
+		prom query "$PROMETHEUS_URL" "${expr:-$label}" >/dev/null 2>&1 || empty+=("$label${expr:+: $expr}")
+	done < <("$@")
+	((${#empty[@]} == 0)) && return 0
+	REASON="$what without data: $(printf '%s|' "${empty[@]}")"
+	return 1
+}
+
 # During the loss, every dashboard query returns data: all of them, including
 # the unhealthy-device one, have something to show then.
 dashboard_has_data() {
-	local title expr empty=()
-	while IFS=$'\t' read -r title expr; do
-		prom query "$PROMETHEUS_URL" "$expr" >/dev/null 2>&1 || empty+=("$title: $expr")
-	done < <(prom panels "$REPO/manifests/helm/efa-device-plugin/dashboards/efa-device-plugin.json")
-	((${#empty[@]} == 0)) && return 0
-	REASON="dashboard queries without data: $(printf '%s|' "${empty[@]}")"
-	return 1
+	every_query_has_data "dashboard queries" prom panels "$REPO/manifests/helm/efa-device-plugin/dashboards/efa-device-plugin.json"
 }
 
 case_prometheus_alert_lifecycle() {
@@ -220,15 +227,7 @@ case_prometheus_alert_lifecycle() {
 # counters keep rising (traffic, retransmission timeouts).
 DRA_SOCKET=/var/lib/kubelet/plugins_registry/dra.net-reg.sock
 
-examples_have_results() {
-	local query empty=()
-	while read -r query; do
-		prom query "$PROMETHEUS_URL" "$query" >/dev/null 2>&1 || empty+=("$query")
-	done < <(prom examples "$REPO/README.md")
-	((${#empty[@]} == 0)) && return 0
-	REASON="README examples without a result: $(printf '%s|' "${empty[@]}")"
-	return 1
-}
+examples_have_results() { every_query_has_data "README examples" prom examples "$REPO/README.md"; }
 
 case_readme_promql() {
 	local n ok=0
