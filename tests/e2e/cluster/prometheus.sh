@@ -133,9 +133,9 @@ case_prometheus_target() {
 	CASE_DETAIL="$(prom targets "$PROMETHEUS_URL" "$PROMETHEUS_JOB" | cut -d' ' -f1,2)"
 }
 
-# series_of NAME: how many series a family has; a histogram's are its buckets.
-series_of() {
-	prom query "$PROMETHEUS_URL" "count({__name__=~\"$1(_bucket)?\", job=\"$PROMETHEUS_JOB\"})" 2>/dev/null | awk '{print $NF}'
+# has_series NAME: the family has series; a histogram's are its buckets.
+has_series() {
+	prom query "$PROMETHEUS_URL" "count({__name__=~\"$1(_bucket)?\", job=\"$PROMETHEUS_JOB\"})" >/dev/null 2>&1
 }
 
 # An unreadable numa_node is a scan error; the family appears with the first.
@@ -143,12 +143,12 @@ case_prometheus_families() {
 	local numa name missing=() skipped=()
 	numa=$(dirname "$(counter_dir 0)")/../numa_node
 	mv "$numa" "$numa.saved" && mkfifo "$numa"
-	wait_until 30 test -n "$(series_of efa_device_plugin_scan_errors_total)"
+	wait_until 30 has_series efa_device_plugin_scan_errors_total
 	rm -f "$numa" && mv "$numa.saved" "$numa"
 	while read -r name; do
 		if grep -F "\`$name\`" "$REPO/README.md" | grep -q 'cdi mode only'; then
 			skipped+=("$name")
-		elif ! wait_until 10 test -n "$(series_of "$name")"; then
+		elif ! wait_until 10 has_series "$name"; then
 			missing+=("$name")
 		fi
 	done < <(prom families "$REPO/README.md")
