@@ -161,7 +161,7 @@ async fn allocate_against_the_floor(kubelet: &KubeletStub, devices: &[FakeDevice
     let mut client = kubelet.plugin().unwrap();
     let request = |n: usize| AllocateRequest {
         container_requests: vec![ContainerAllocateRequest {
-            devices_ids: devices.iter().take(n).map(|d| d.bdf.clone()).collect(),
+            devices_ids: devices.iter().take(n).map(|d| d.ibdev.clone()).collect(),
         }],
     };
     let (one, eight) = (request(1), request(8));
@@ -344,7 +344,13 @@ async fn measure() {
     let mut samples = Vec::new();
     for _ in 0..50 {
         let started = Instant::now();
-        let records = health::observe(&dense.sysfs, &dense.dev, true).records;
+        let records = health::observe(
+            &dense.sysfs,
+            efa_device_plugin::discovery::DeviceIdStrategy::default(),
+            &dense.dev,
+            true,
+        )
+        .records;
         samples.push(started.elapsed());
         assert_eq!(records.len(), 256);
     }

@@ -9,6 +9,7 @@
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -25,14 +26,20 @@ pub(crate) struct HostFile {
     pub retry: Duration,
     /// Counts failed writes, when the file's failures are exposed as a metric.
     pub failures: Option<Counter>,
+    /// Asked on exit: a reason to leave the file in place instead of removing it.
+    pub keep_on_exit: Option<KeepOnExit>,
 }
+
+/// Asked once on exit, after the last write: why the file must outlive the plugin, if it must.
+pub(crate) type KeepOnExit =
+    Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Option<String>> + Send>> + Send + Sync>;
 
 impl HostFile {
     /// Keeps the file equal to `render` of the current snapshot, absent while that is `None`,
-    /// until `shutdown`, then removes it. Never fails: a write error is logged, counted and
+    /// until `shutdown`, then removes it unless `keep_on_exit` gives a reason not to. Never fails: a write error is logged, counted and
     /// retried.
     pub(crate) async fn follow(
-        self,
+        mut self,
         state: DeviceReader,
         render: impl Fn(&Inventory) -> Option<String>,
         shutdown: CancellationToken,
@@ -80,7 +87,18 @@ impl HostFile {
                 _ = pause(retry) => {}
             }
         }
-        self.remove();
+        let keep = match self.keep_on_exit.take() {
+            Some(keep) if written.is_some() => keep().await,
+            _ => None,
+        };
+        match keep {
+            Some(reason) => tracing::info!(
+                file = %self.path.display(),
+                "keeping the {}: {reason}",
+                self.what
+            ),
+            None => self.remove(),
+        }
     }
 
     fn remove(&self) {
@@ -151,6 +169,7 @@ mod tests {
             what: "test file",
             retry: Duration::from_millis(20),
             failures: Some(failures.clone()),
+            keep_on_exit: None,
         };
         let state = DeviceState::default();
         state.apply(inventory(Shape::P4d).devices().cloned().collect());

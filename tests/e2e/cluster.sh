@@ -23,6 +23,7 @@ source "$HERE/lib/build.sh"
 source "$HERE/lib/host.sh"
 source "$HERE/lib/fake-efa.sh"
 source "$HERE/cluster/prometheus.sh"
+source "$HERE/cluster/cdi-restart.sh"
 NODE=efa-e2e
 NS=kube-system
 DS=efa-device-plugin
@@ -790,6 +791,7 @@ main() {
 	run_case "(8) node without EFA: plugin Ready, allocatable 0 or absent" case_no_efa
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
 	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
+	run_case "(11) CDI mode: with the plugin gone, a holder's killed container restarts with its EFA" case_cdi_spec_outlives_the_plugin
 }
 
 main "$@"
