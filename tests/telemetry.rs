@@ -112,7 +112,7 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
     let device_healthy = |t: &str, efa: &FakeDevice| {
         let series = format!(
             "efa_device_plugin_device_healthy{{device=\"{}\",ibdev=\"{}\"}}",
-            efa.bdf, efa.ibdev
+            efa.ibdev, efa.ibdev
         );
         sample(t, &series)
     };
