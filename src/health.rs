@@ -622,7 +622,7 @@ mod tests {
         );
         node.set_rdma_netns_mode(Some("N")).unwrap();
         assert!(rdma_netns_exclusive(&node.sysfs));
-        assert!(observe(&node.sysfs, &node.dev, true).netns_exclusive);
+        assert!(observe(&node.sysfs, DeviceIdStrategy::default(), &node.dev, true).netns_exclusive);
         node.set_rdma_netns_mode(None).unwrap();
         assert!(!rdma_netns_exclusive(&node.sysfs), "no ib_core: shared");
         let parameter = node.sysfs.join("module/ib_core/parameters/netns_mode");
