@@ -124,6 +124,15 @@ case_prometheus_target() {
 	prometheus_identity || { REASON="cannot give Prometheus its certificate and RBAC"; return 1; }
 	prometheus_config || { REASON="Prometheus config or rules invalid: $(tail -3 "$T/logs/promtool-config.log" | paste -sd'|')"; return 1; }
 	start_daemon counters raise_counters
+	# The plugin opens a device's counter files once, as the driver's set is
+	# fixed while it is loaded: a new pod reads the whole set.
+	if ! wait_until 10 test -f "$(counter_dir 0)/hw_counters/cmds_err" ||
+		! kns rollout restart "daemonset/$DS" >/dev/null ||
+		! kns rollout status "daemonset/$DS" --timeout=120s >/dev/null ||
+		! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4; then
+		REASON="the plugin did not come back with 4 EFAs after its restart"
+		return 1
+	fi
 	start_daemon prometheus "$PROMETHEUS_BIN/prometheus" --config.file "$T/prometheus/prometheus.yml" \
 		--storage.tsdb.path "$T/prometheus/data" --web.listen-address "127.0.0.1:$PROMETHEUS_PORT"
 	if ! wait_until 60 target_up; then
