@@ -335,7 +335,7 @@ impl Default for Plugin {
 /// this long for blocking work and then leaves it behind.
 const BLOCKING_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// The `run` command: the plugin as a process, stopped by SIGTERM or SIGINT.
+/// The `run` command: the plugin as a process, stopped by SIGTERM, SIGINT or SIGHUP.
 pub fn serve(settings: Settings) -> anyhow::Result<()> {
     crate::telemetry::init_logging(settings.log_format, &settings.log_level)?;
     crate::telemetry::fds::raise_limit();
@@ -349,6 +349,10 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
+        // SIGHUP's default would end the process with no clean-up, leaving the socket and the
+        // host files behind. There is nothing to reload (the config is read at start, and the
+        // DaemonSet restarts the pod for a new one), so it stops the plugin like SIGTERM.
+        let mut hangup = signal(SignalKind::hangup())?;
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
             settings = ?settings,
@@ -362,6 +366,7 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
             result = &mut running => return result,
             _ = terminate.recv() => {}
             _ = interrupt.recv() => {}
+            _ = hangup.recv() => {}
         }
         tracing::info!("stopping on signal");
         shutdown.cancel();

@@ -208,12 +208,19 @@ pub(crate) fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<S
     Some(text)
 }
 
+/// The spec's permission bits: world-readable, as CDI specs under /etc/cdi and /var/run/cdi
+/// conventionally are. containerd and CRI-O read it as root, but CDI readers that run
+/// unprivileged (rootless podman, listing tools) read the same dirs, and the spec holds nothing
+/// secret: device node paths, and `allocate.env`, which the plugin's config already shows.
+const SPEC_MODE: u32 = 0o644;
+
 /// Keeps the spec file in `dir` current until `shutdown`, then removes it; failed writes are
-/// retried every `retry` and counted in `failures`.
+/// retried, and the file on disk compared with the spec, every `recheck`; failures are counted
+/// in `failures`.
 pub(crate) async fn run(
     dir: PathBuf,
     settings: SpecSettings,
-    retry: Duration,
+    recheck: Duration,
     failures: Counter,
     state: DeviceReader,
     keep_on_exit: KeepOnExit,
@@ -222,7 +229,8 @@ pub(crate) async fn run(
     let file = HostFile {
         path: settings.kind.spec_path(&dir),
         what: "CDI spec",
-        retry,
+        recheck,
+        mode: SPEC_MODE,
         failures: Some(failures),
         keep_on_exit: Some(keep_on_exit),
     };

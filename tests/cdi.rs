@@ -120,6 +120,48 @@ async fn cdi_mode_answers_qualified_names_and_no_device_specs() {
     assert_eq!(node["permissions"], "rw");
 }
 
+/// Values with commas and `=` reach the spec and the Allocate answer whole, from repeated flags
+/// and from the variable's map alike.
+#[tokio::test]
+async fn env_values_with_commas_survive_the_flag_and_the_variable() {
+    let expected = ["NCCL_SOCKET_IFNAME=^lo,docker", "OPTS=a=1,b=2"];
+    let from_flags = cdi_plugin(
+        Shape::P4d,
+        &[
+            "--allocate-env",
+            "OPTS=a=1,b=2",
+            "--allocate-env",
+            "NCCL_SOCKET_IFNAME=^lo,docker",
+        ],
+    )
+    .await;
+    let mut from_variable = Harness::new(Shape::P4d);
+    let dir = spec_dir(&from_variable).display().to_string();
+    from_variable.spawn_plugin_with(
+        &["--device-list-strategy", "cdi", "--cdi-spec-dir", &dir],
+        |command| {
+            command.env(
+                "EFA_DP_ALLOCATE_ENV",
+                r#"{"OPTS": "a=1,b=2", "NCCL_SOCKET_IFNAME": "^lo,docker"}"#,
+            );
+        },
+    );
+    from_variable.registered().await;
+    for h in [&from_flags, &from_variable] {
+        eventually("the spec", || read_spec(h).is_some()).await;
+        let spec = read_spec(h).unwrap();
+        assert_eq!(spec["containerEdits"]["env"], serde_json::json!(expected));
+        let response = allocate(h, &[&["rdmap16s27"]]).await;
+        let mut envs: Vec<String> = response.container_responses[0]
+            .envs
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        envs.sort();
+        assert_eq!(envs, expected);
+    }
+}
+
 #[tokio::test]
 async fn device_specs_mode_adds_the_env_to_every_container() {
     let mut h = Harness::new(Shape::P4d);
@@ -130,7 +172,9 @@ async fn device_specs_mode_adds_the_env_to_every_container() {
         "--allocate-env",
         "FI_PROVIDER=efa",
         "--allocate-env",
-        "NCCL_SOCKET_IFNAME=^lo,docker,FI_EFA_USE_DEVICE_RDMA=1",
+        "NCCL_SOCKET_IFNAME=^lo,docker",
+        "--allocate-env",
+        "FI_EFA_USE_DEVICE_RDMA=1",
     ]);
     h.registered().await;
     let response = allocate(&h, &[&["rdmap16s27"], &["rdmap32s27"]]).await;
@@ -320,7 +364,7 @@ fn strategy_spec_dir_and_env_come_from_flags_env_or_file() {
         &["--config", &config, "config"],
         &[
             ("EFA_DP_DEVICE_LIST_STRATEGY", "device-specs"),
-            ("EFA_DP_ALLOCATE_ENV", "A=1,B=2"),
+            ("EFA_DP_ALLOCATE_ENV", "{A: 1, B: 2}"),
         ],
     );
     assert_eq!(from_env["device-list-strategy"], "device-specs");
@@ -333,7 +377,7 @@ fn strategy_spec_dir_and_env_come_from_flags_env_or_file() {
 
     let from_flag = effective(
         &["--config", &config, "--allocate-env", "C=3", "config"],
-        &[("EFA_DP_ALLOCATE_ENV", "A=1")],
+        &[("EFA_DP_ALLOCATE_ENV", "{A: 1}")],
     );
     assert_eq!(
         from_flag["allocate"]["env"],
@@ -352,16 +396,21 @@ fn bad_strategy_and_env_are_refused_with_one_line() {
         &["--allocate-env", "FI-PROVIDER"],
     );
     assert_one_line_error(
-        run_binary(&["--allocate-env", "A=1,B-C=2"], &[]),
-        &["--allocate-env", "B-C"],
+        run_binary(&[], &[("EFA_DP_ALLOCATE_ENV", "{A: 1, B-C: 2}")]),
+        &["EFA_DP_ALLOCATE_ENV", "B-C"],
+    );
+    // The syntax of the flag is no map, and the variable's no pair list.
+    assert_one_line_error(
+        run_binary(&[], &[("EFA_DP_ALLOCATE_ENV", "A=1,B=2")]),
+        &["EFA_DP_ALLOCATE_ENV", "map"],
     );
     assert_one_line_error(
         run_binary(&["--allocate-env", "FI_PROVIDER"], &[]),
         &["--allocate-env", "KEY=VALUE"],
     );
     assert_one_line_error(
-        run_binary(&[], &[("EFA_DP_ALLOCATE_ENV", "1X=y")]),
-        &["allocate-env", "1X"],
+        run_binary(&[], &[("EFA_DP_ALLOCATE_ENV", "{1X: y}")]),
+        &["EFA_DP_ALLOCATE_ENV", "1X"],
     );
     assert_one_line_error(
         run_binary(

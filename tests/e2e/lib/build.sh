@@ -48,18 +48,7 @@ kube_binaries() {
 	local work
 	work=$(new_workdir "$cache" kubernetes) || return 1
 
-	# k8s.io/kubernetes points its staging modules at ./staging, which does
-	# not exist for a dependency; each one is published as v0.<minor>.<patch>.
-	local staging_version=v0.${KUBE_VERSION#v1.}
-	local gomod
-	gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
-		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') || return 1
-	{
-		echo "module efa-device-plugin-e2e/kubernetes"
-		echo "go 1.22.0"
-		echo "require k8s.io/kubernetes $KUBE_VERSION"
-		sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#replace \1 => \1 '"$staging_version"'#p' "$gomod"
-	} >"$work/go.mod"
+	kube_gomod "$work" kubernetes || { rm -rf "$work"; return 1; }
 
 	local pkg=k8s.io/component-base/version pkgs=()
 	local ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitTreeState=clean"
@@ -74,6 +63,22 @@ kube_binaries() {
 	for name in "${missing[@]}"; do mv "$work/bin/$name" "$dir/$name"; done
 	rm -rf "$work"
 	printf '%s\n' "$dir"
+}
+
+# kube_gomod WORK NAME: a go.mod in WORK for module efa-device-plugin-e2e/NAME
+# requiring k8s.io/kubernetes at $KUBE_VERSION. k8s.io/kubernetes points its
+# staging modules at ./staging, which does not exist for a dependency; each one
+# is published as v0.<minor>.<patch>.
+kube_gomod() {
+	local work=$1 name=$2 staging_version=v0.${KUBE_VERSION#v1.} gomod
+	gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') || return 1
+	{
+		echo "module efa-device-plugin-e2e/$name"
+		echo "go 1.22.0"
+		echo "require k8s.io/kubernetes $KUBE_VERSION"
+		sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#replace \1 => \1 '"$staging_version"'#p' "$gomod"
+	} >"$work/go.mod"
 }
 
 # The binary `go build` names for PKG: its last element, or the one before a
@@ -180,4 +185,34 @@ prometheus_operator_crds() {
 	for kind in podmonitors prometheusrules; do
 		printf '%s\n' "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml"
 	done
+}
+
+# kube_stub_plugin CACHE SRC NAME: prints the path of the Go program in the
+# dir SRC built against k8s.io/kubernetes at $KUBE_VERSION (for the kubelet's
+# device-plugin stub), in the kubelet build's module and build caches, so it
+# compiles only what the kubelet build has not. The binary is cached per
+# version and per hash of the sources, so an edit rebuilds it.
+kube_stub_plugin() {
+	local cache=$1 src=$2 name=$3 hash work
+	hash=$(cat "$src"/*.go | sha256sum | cut -c1-16)
+	local bin=$cache/kubernetes-$KUBE_VERSION/$name-$hash
+	if [[ -x $bin ]]; then
+		printf '%s\n' "$bin"
+		return 0
+	fi
+	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
+	go_env "$cache"
+	work=$(new_workdir "$cache" "$name") || return 1
+	cp "$src"/*.go "$work/"
+	mkdir -p "${bin%/*}"
+	if ! (cd "$work" && kube_gomod "$work" "$name" && go get "k8s.io/kubernetes@$KUBE_VERSION" &&
+		go build -trimpath -ldflags "-s -w" -o "$work/$name" .) >&2; then
+		rm -rf "$work"
+		return 1
+	fi
+	# Builds of older sources are of no further use.
+	rm -f "$cache/kubernetes-$KUBE_VERSION/$name"-*
+	mv "$work/$name" "$bin"
+	rm -rf "$work"
+	printf '%s\n' "$bin"
 }
