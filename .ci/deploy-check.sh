@@ -73,8 +73,8 @@ go_install() { # go_install MODULE@VERSION BINARY
 
 # Only the binaries are reused, so the ~1.3 GB of module and build caches go.
 install_go_tools() {
-  helm=$(helm_binary "$CACHE") && go_install "$kustomize_module" "$kustomize" &&
-    go_install "$actionlint_module" "$actionlint"
+  helm=$(helm_binary "$CACHE") && promtool=$(prometheus_binaries "$CACHE")/promtool &&
+    go_install "$kustomize_module" "$kustomize" && go_install "$actionlint_module" "$actionlint"
   local status=$?
   rm -rf "$cache/go"
   return "$status"
@@ -93,7 +93,10 @@ render() {
     render_with_component cdi "$work/plain-cdi.yaml" &&
     "$helm" template efa-device-plugin "$chart" --namespace kube-system \
       --set cdi.enabled=true >"$work/helm-cdi.yaml" &&
-    render_with_component counters-without-pod-labels "$work/plain-with-counters-without-pod-labels.yaml"
+    render_with_component counters-without-pod-labels "$work/plain-with-counters-without-pod-labels.yaml" &&
+    render_with_component prometheus-rule "$work/plain-prometheus-rule.yaml" &&
+    "$helm" template efa-device-plugin "$chart" --namespace kube-system \
+      --set prometheusRule.enabled=true >"$work/helm-prometheus-rule.yaml"
 }
 
 # render_with_component NAME OUT: base/ with one optional component, from an overlay, as a user
@@ -111,12 +114,64 @@ render_with_component() {
 compare_renders() {
   "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain.yaml" "$work/helm.yaml" &&
     "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-labelled.yaml" "$work/helm-labelled.yaml" &&
-    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-cdi.yaml" "$work/helm-cdi.yaml"
+    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-cdi.yaml" "$work/helm-cdi.yaml" &&
+    "$venv/bin/python" tests/deploy/compare_renders.py "$work/plain-prometheus-rule.yaml" "$work/helm-prometheus-rule.yaml"
+}
+
+# The chart's template is where the rules are written; the plain rules file
+# and the kustomize component must be its default rendering.
+alert_rules_in_sync() {
+  mkdir -p "$work/monitoring" &&
+    "$helm" template efa-device-plugin "$chart" --namespace kube-system --set prometheusRule.enabled=true \
+      --show-only templates/prometheusrule.yaml >"$work/monitoring/rule.yaml" &&
+    "$venv/bin/python" tests/deploy/alert_rules.py "$work/monitoring/rule.yaml" \
+      monitoring/efa-device-plugin.rules.yaml manifests/components/prometheus-rule/prometheusrule.yaml
+}
+
+# The rules as the variant values render them, thresholds changed, must load too.
+promtool_check_rules() {
+  "$venv/bin/python" -c 'import sys, yaml; yaml.safe_dump([d for d in yaml.safe_load_all(sys.stdin) if d and d["kind"] == "PrometheusRule"][0]["spec"], sys.stdout)' \
+    <"$work/helm-variant.yaml" >"$work/monitoring/variant.rules.yaml" &&
+    "$promtool" check rules monitoring/efa-device-plugin.rules.yaml "$work/monitoring/variant.rules.yaml"
 }
 
 cdi_switch() {
   "$venv/bin/python" tests/deploy/cdi_switch.py "$work/plain.yaml" "$work/plain-cdi.yaml" &&
     "$venv/bin/python" tests/deploy/cdi_switch.py "$work/helm.yaml" "$work/helm-cdi.yaml"
+}
+
+# The chart's values.schema.json: every values file the project ships or tests
+# with, and each switch alone, pass; a typo'd key and a wrong type fail both
+# helm lint and helm template, with the key named.
+values_schema() {
+  local values switch
+  for values in "$chart/values.yaml" tests/deploy/values-variant.yaml tests/e2e/cluster/values-e2e.yaml; do
+    "$helm" lint --strict "$chart" -f "$values" || return 1
+  done
+  for switch in nodeScope.mode=labelled podMonitor.enabled=true prometheusRule.enabled=true \
+    dashboard.enabled=true networkPolicy.enabled=false nfd.enabled=true cdi.enabled=true; do
+    "$helm" template "$chart" --set "$switch" >/dev/null || return 1
+  done
+  refused "'/nodeScope': additional properties 'mdoe' not allowed" --set nodeScope.mdoe=labelled &&
+    refused "'/config': additional properties 'rescan-intervall' not allowed" --set config.rescan-intervall=5s &&
+    refused "'/podMonitor/enabled': got string, want boolean" --set podMonitor.enabled=yes &&
+    refused "'/metrics/port': got string, want integer" --set-string metrics.port=9465 &&
+    refused "'/config/sharing/replicas': got string, want integer" --set-string config.sharing.replicas=2 &&
+    refused "'/config/log-format': value must be one of" --set config.log-format=xml
+}
+
+# refused MESSAGE HELM-ARGS...: helm lint and helm template both fail, saying MESSAGE.
+refused() {
+  local want=$1 command out
+  shift
+  for command in lint template; do
+    if out=$("$helm" "$command" "$chart" "$@" 2>&1); then
+      echo "helm $command $* passed"
+      return 1
+    fi
+    grep -qF -- "$want" <<<"$out" || { echo "helm $command $* failed without \"$want\": $out"; return 1; }
+  done
+  echo "helm lint and template $*: $want"
 }
 
 helm_lint() {
@@ -194,14 +249,15 @@ main() {
   mkdir -p "$cache"
 
   step "install python tools (${python_tools[*]})" install_python_tools
-  step "install go tools (helm $HELM_VERSION, kustomize ${kustomize_module##*@}, actionlint ${actionlint_module##*@})" install_go_tools
+  step "install go tools (helm $HELM_VERSION, prometheus ${PROMETHEUS_VERSION}, kustomize ${kustomize_module##*@}, actionlint ${actionlint_module##*@})" install_go_tools
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
   step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh .ci/lib/*.sh .ci/tiers/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/e2e/topology/*.sh tests/cdi/*.sh
   step "actionlint .github/workflows" lint_workflows
   step "release dry run: tag check, CHANGELOG notes, helm package" release_dry_run
-  step "render manifests (kustomize base, labelled and cdi, helm default, labelled, cdi and variant values)" render
+  step "render manifests (kustomize base, labelled, cdi and prometheus-rule, helm default, labelled, cdi, prometheusRule and variant values)" render
   step "helm lint" helm_lint
+  step "values.schema.json: shipped and test values pass; a typo'd key and a wrong type are refused, named" values_schema
   local version
   for version in "${kubernetes_versions[@]}"; do
     step "kubernetes-validate --strict for $version" "$venv/bin/kubernetes-validate" --strict --quiet \
@@ -212,6 +268,13 @@ main() {
   step "turning CDI on adds only the spec dir, writable" cdi_switch
   step "helm values switches take effect" \
     "$venv/bin/python" tests/deploy/chart_switches.py tests/deploy/values-variant.yaml "$work/helm-variant.yaml"
+  step "alert rules file and kustomize component equal the chart's PrometheusRule" alert_rules_in_sync
+  step "promtool check rules (default and variant thresholds)" promtool_check_rules
+  step "promtool test rules: each alert fires on its condition and stays silent without it" \
+    "$promtool" test rules tests/deploy/alerts.test.yaml
+  step "dashboard: schema version, datasource variable, unique panel ids, no datasource UID, chart ConfigMap" \
+    "$venv/bin/python" tests/deploy/dashboard_check.py manifests/helm/efa-device-plugin/dashboards/efa-device-plugin.json \
+    "$work/helm-variant.yaml"
 
   host="$(rustc -vV | sed -n 's/^host: //p')"
   bin="${CARGO_TARGET_DIR:-$repo/target}/$host/release/efa-device-plugin"

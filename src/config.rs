@@ -50,7 +50,12 @@ pub enum Command {
     #[cfg(feature = "demo")]
     Demo,
     /// Print the effective configuration (flags, environment and file merged) as YAML.
-    Config,
+    Config {
+        /// Print the config file's JSON schema instead, from the settings table (the Helm
+        /// chart's schema of its `config` value is this output).
+        #[arg(long, hide = true)]
+        schema: bool,
+    },
 }
 
 #[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,6 +225,8 @@ trait Describe {
     fn arg(&self) -> Arg;
     /// The dotted key in the config file; `None` when the file may not set it.
     fn file_key(&self) -> Option<&'static str>;
+    /// The JSON schema of its value in the config file.
+    fn file_schema(&self) -> serde_json::Value;
 }
 
 trait Resolve<T>: Describe {
@@ -364,6 +371,24 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
             FileKey::Never => None,
         }
     }
+
+    /// By the value's name in `--help`, which says what the text is: a switch, one of the
+    /// choices, a list of the flag's comma-separated items, a count, or text.
+    fn file_schema(&self) -> serde_json::Value {
+        let choices = (self.choices)();
+        if !choices.is_empty() {
+            let names: Vec<&str> = choices.iter().map(PossibleValue::get_name).collect();
+            return serde_json::json!({ "enum": names });
+        }
+        match (self.file, self.value_name) {
+            (FileKey::List, _) => {
+                serde_json::json!({ "type": "array", "items": { "type": "string" } })
+            }
+            (_, "BOOL") => serde_json::json!({ "type": "boolean" }),
+            (_, "N") => serde_json::json!({ "type": "integer", "minimum": 1 }),
+            _ => serde_json::json!({ "type": "string" }),
+        }
+    }
 }
 
 impl<T: Clone + Send + Sync + 'static> Resolve<T> for Setting<T> {
@@ -427,6 +452,14 @@ impl Describe for EnvSetting {
 
     fn file_key(&self) -> Option<&'static str> {
         Some(self.file)
+    }
+
+    fn file_schema(&self) -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "propertyNames": { "pattern": "^[A-Za-z_][A-Za-z0-9_]*$" },
+            "additionalProperties": { "type": ["string", "number", "boolean"] },
+        })
     }
 }
 
@@ -609,6 +642,34 @@ fn cli() -> clap::Command {
         .into_iter()
         .map(|(setting, doc)| setting.arg().help(help_text(doc)));
     Cli::command().arg(config).args(settings)
+}
+
+/// The config file's JSON schema, from the settings table: each key with its value's schema
+/// and its `--help` text, nested at the dots, and no other key, as the file reader insists.
+pub fn file_schema() -> serde_json::Value {
+    fn object() -> serde_json::Value {
+        serde_json::json!({ "type": "object", "additionalProperties": false, "properties": {} })
+    }
+    let mut schema = object();
+    for (setting, doc) in DECLARED.each() {
+        let Some(key) = setting.file_key() else {
+            continue;
+        };
+        let mut parts: Vec<&str> = key.split('.').collect();
+        let last = parts.pop().unwrap_or(key);
+        let mut level = &mut schema;
+        for part in parts {
+            level = level["properties"]
+                .as_object_mut()
+                .expect("an object schema")
+                .entry(part)
+                .or_insert_with(object);
+        }
+        let mut value = setting.file_schema();
+        value["description"] = help_text(doc).into();
+        level["properties"][last] = value;
+    }
+    schema
 }
 
 /// Parses the command line (and environment, and config file) into a command and its settings.

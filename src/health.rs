@@ -72,6 +72,22 @@ pub struct Observed {
     pub problems: Vec<Problem>,
     pub numa_unreadable: Vec<Problem>,
     pub failed: Option<ListingError>,
+    /// The RDMA subsystem is in exclusive network-namespace mode: see [`rdma_netns_exclusive`].
+    pub netns_exclusive: bool,
+}
+
+/// What the plugin logs once, and `list` prints, while the RDMA subsystem is in exclusive mode:
+/// the cause of "no EFA" and the two fixes.
+pub const NETNS_EXCLUSIVE: &str = "the RDMA subsystem is in exclusive network-namespace mode \
+    (ib_core netns_mode=N): a pod without the host network sees no EFA; run `rdma system set \
+    netns shared` on the node, or run the pods with hostNetwork: true";
+
+/// Whether `<sysfs>/module/ib_core/parameters/netns_mode` says exclusive (`N`). The kernel
+/// writes `Y` for the default shared mode; a missing file (no `ib_core`, or a kernel without
+/// the parameter) means shared too, and so does an unreadable one: only a clear `N` is reported.
+pub fn rdma_netns_exclusive(sysfs_root: &Path) -> bool {
+    let path = sysfs_root.join("module/ib_core/parameters/netns_mode");
+    fsread::read_text(&path, fsread::ATTRIBUTE_LIMIT).is_ok_and(|mode| mode.trim() == "N")
 }
 
 /// One full observation: scan sysfs, judge each device.
@@ -108,6 +124,7 @@ fn observe_guarded(
         problems: scan.problems,
         numa_unreadable: scan.numa_unreadable,
         failed: scan.failed,
+        netns_exclusive: rdma_netns_exclusive(sysfs_root),
     }
 }
 
@@ -345,6 +362,7 @@ impl Monitor {
             problems,
             numa_unreadable,
             failed,
+            netns_exclusive,
         } = observed;
         if let Some(failed) = failed {
             // The last known state stays: a failed listing says nothing about the devices.
@@ -354,6 +372,13 @@ impl Monitor {
                 tracing::error!(error = %message, "cannot list the RDMA devices; keeping the last known state and retrying")
             });
             return Some(message);
+        }
+        if self.state.set_netns_exclusive(netns_exclusive) {
+            if netns_exclusive {
+                tracing::error!("{NETNS_EXCLUSIVE}");
+            } else {
+                tracing::info!("the RDMA subsystem is in shared network-namespace mode again");
+            }
         }
         self.stats.count("entry", problems.len());
         self.stats.count("numa_node", numa_unreadable.len());
@@ -583,6 +608,51 @@ mod tests {
         );
         shutdown.cancel();
         run.await.unwrap();
+    }
+
+    #[test]
+    fn only_a_clear_n_in_netns_mode_means_exclusive() {
+        let root = tempfile::tempdir().unwrap();
+        let (node, _) =
+            simulate::FakeNode::build(root.path(), simulate::Shape::NoEfa, simulate::Nodes::Files)
+                .unwrap();
+        assert!(
+            !rdma_netns_exclusive(&node.sysfs),
+            "Y, the kernel's default"
+        );
+        node.set_rdma_netns_mode(Some("N")).unwrap();
+        assert!(rdma_netns_exclusive(&node.sysfs));
+        assert!(observe(&node.sysfs, DeviceIdStrategy::default(), &node.dev, true).netns_exclusive);
+        node.set_rdma_netns_mode(None).unwrap();
+        assert!(!rdma_netns_exclusive(&node.sysfs), "no ib_core: shared");
+        let parameter = node.sysfs.join("module/ib_core/parameters/netns_mode");
+        nix::unistd::mkfifo(&parameter, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(!rdma_netns_exclusive(&node.sysfs), "a FIFO is no answer");
+    }
+
+    #[tokio::test]
+    async fn the_netns_mode_reaches_the_snapshot_on_each_rescan() {
+        let root = tempfile::tempdir().unwrap();
+        let (node, _) =
+            simulate::FakeNode::build(root.path(), simulate::Shape::P4d, simulate::Nodes::Files)
+                .unwrap();
+        let state = DeviceState::default();
+        let mut monitor = Monitor::new(
+            node.sysfs.clone(),
+            node.dev.clone(),
+            Duration::from_secs(5),
+            state.clone(),
+        )
+        .with_regular_files(true);
+        monitor.refresh().await;
+        assert!(!state.current().netns_exclusive());
+        node.set_rdma_netns_mode(Some("N")).unwrap();
+        monitor.refresh().await;
+        assert!(state.current().netns_exclusive());
+        assert_eq!(state.current().healthy_count(), 4, "devices untouched");
+        node.set_rdma_netns_mode(Some("Y")).unwrap();
+        monitor.refresh().await;
+        assert!(!state.current().netns_exclusive());
     }
 
     #[test]

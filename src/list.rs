@@ -58,6 +58,9 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
     for problem in &observed.numa_unreadable {
         eprintln!("warning: no NUMA node for {problem}");
     }
+    if observed.netns_exclusive {
+        eprintln!("error: {}", health::NETNS_EXCLUSIVE);
+    }
     let records = observed.records;
     let kind = Kind::of(&settings.resource_name).ok();
     match format {

@@ -29,9 +29,12 @@ fn main() -> ExitCode {
         Command::List { output } => list::print(&settings, output, &mut std::io::stdout()),
         #[cfg(feature = "demo")]
         Command::Demo => efa_device_plugin::demo::run(),
-        Command::Config => serde_yaml::to_string(&settings)
+        Command::Config { schema: false } => serde_yaml::to_string(&settings)
             .map_err(anyhow::Error::from)
             .and_then(|yaml| Ok(std::io::stdout().write_all(yaml.as_bytes())?)),
+        Command::Config { schema: true } => serde_json::to_string_pretty(&config::file_schema())
+            .map_err(anyhow::Error::from)
+            .and_then(|json| Ok(writeln!(std::io::stdout(), "{json}")?)),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

@@ -76,6 +76,8 @@ pub struct Inventory {
     observed: BTreeMap<String, DeviceRecord>,
     /// Why nothing may be allocated on this node right now (another driver owns the EFAs).
     conflict: Option<String>,
+    /// The RDMA subsystem hides the EFAs from every network namespace but the host's.
+    netns_exclusive: bool,
 }
 
 /// What a new observation changed, for logging each change once.
@@ -108,6 +110,10 @@ impl Inventory {
         self.conflict.as_deref()
     }
 
+    pub fn netns_exclusive(&self) -> bool {
+        self.netns_exclusive
+    }
+
     /// Rebuilds what is advertised; a conflict hides every device's own verdict without
     /// losing it.
     fn with(observed: BTreeMap<String, DeviceRecord>, conflict: Option<String>) -> Inventory {
@@ -128,6 +134,7 @@ impl Inventory {
             devices,
             observed,
             conflict,
+            netns_exclusive: false,
         }
     }
 
@@ -183,7 +190,11 @@ impl Inventory {
             }
             next.insert(id.clone(), gone);
         }
-        (Inventory::with(next, self.conflict.clone()), changes)
+        let next = Inventory {
+            netns_exclusive: self.netns_exclusive,
+            ..Inventory::with(next, self.conflict.clone())
+        };
+        (next, changes)
     }
 }
 
@@ -329,7 +340,24 @@ impl DeviceState {
             if current.conflict == conflict {
                 return false;
             }
-            *current = Arc::new(Inventory::with(current.observed.clone(), conflict));
+            *current = Arc::new(Inventory {
+                netns_exclusive: current.netns_exclusive,
+                ..Inventory::with(current.observed.clone(), conflict)
+            });
+            true
+        })
+    }
+
+    /// Records the RDMA subsystem's network-namespace mode; returns whether that changed.
+    pub fn set_netns_exclusive(&self, exclusive: bool) -> bool {
+        self.shared.tx.send_if_modified(|current| {
+            if current.netns_exclusive == exclusive {
+                return false;
+            }
+            *current = Arc::new(Inventory {
+                netns_exclusive: exclusive,
+                ..(**current).clone()
+            });
             true
         })
     }

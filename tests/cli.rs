@@ -367,6 +367,59 @@ fn list_on_a_node_without_efa_says_so() {
     assert!(stdout.contains("no EFA"), "{stdout}");
 }
 
+#[test]
+fn list_names_the_exclusive_rdma_netns_mode_and_its_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = FakeNode::build(dir.path(), Shape::NoEfa, node_kind()).unwrap();
+    let sysfs = node.sysfs.display().to_string();
+    let list = || run_binary(&["--sysfs-root", &sysfs, "list"], &[]);
+    for mode in [Some("Y"), None] {
+        node.set_rdma_netns_mode(mode).unwrap();
+        let (code, _, stderr) = list();
+        assert_eq!(code, 0);
+        assert!(!stderr.contains("exclusive"), "{mode:?}: {stderr}");
+    }
+    node.set_rdma_netns_mode(Some("N")).unwrap();
+    let (code, stdout, stderr) = list();
+    assert_eq!(code, 0);
+    assert!(stdout.contains("no EFA"), "{stdout}");
+    assert!(
+        stderr.contains("exclusive network-namespace mode")
+            && stderr.contains("rdma system set netns shared"),
+        "{stderr}"
+    );
+}
+
+/// The chart checks its `config` value against the plugin's own file schema: regenerate it
+/// with `efa-device-plugin config --schema` when a setting changes.
+#[test]
+fn the_charts_schema_of_its_config_value_is_the_binarys() {
+    let (code, stdout, stderr) = run_binary(&["config", "--schema"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    let binary: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/manifests/helm/efa-device-plugin/values.schema.json"
+    );
+    let chart: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    assert_eq!(
+        chart["properties"]["config"], binary,
+        "{path}: properties.config differs from `efa-device-plugin config --schema`"
+    );
+    // Every key the file takes is in it, nested at the dots, and nothing else.
+    assert_eq!(binary["additionalProperties"], false);
+    assert_eq!(
+        binary["properties"]["sharing"]["properties"]["replicas"]["type"],
+        "integer"
+    );
+    assert_eq!(
+        binary["properties"]["log-format"]["enum"],
+        serde_json::json!(["text", "json"])
+    );
+    assert!(binary["properties"]["test-only-regular-file-nodes"].is_null());
+}
+
 #[cfg(feature = "demo")]
 #[test]
 fn demo_runs_and_cleans_up() {

@@ -109,14 +109,27 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
     // A stream end is not a kubelet restart.
     registrations(&h, 3, 1).await;
 
+    let device_healthy = |t: &str, efa: &FakeDevice| {
+        let series = format!(
+            "efa_device_plugin_device_healthy{{device=\"{}\",ibdev=\"{}\"}}",
+            efa.ibdev, efa.ibdev
+        );
+        sample(t, &series)
+    };
     h.node.remove_node(&efas[1]).unwrap();
-    h.scrape_until("the failed device", |t| {
-        devices(t, "unhealthy") == Some(1.0) && devices(t, "healthy") == Some(3.0)
+    let text = h
+        .scrape_until("the failed device", |t| {
+            devices(t, "unhealthy") == Some(1.0) && devices(t, "healthy") == Some(3.0)
+        })
+        .await;
+    // The one that failed is named, so an alert can say which.
+    assert_eq!(device_healthy(&text, &efas[1]), Some(0.0), "{text}");
+    assert_eq!(device_healthy(&text, &efas[0]), Some(1.0), "{text}");
+    h.node.create_node(&efas[1]).unwrap();
+    h.scrape_until("the recovery", |t| {
+        devices(t, "healthy") == Some(4.0) && device_healthy(t, &efas[1]) == Some(1.0)
     })
     .await;
-    h.node.create_node(&efas[1]).unwrap();
-    h.scrape_until("the recovery", |t| devices(t, "healthy") == Some(4.0))
-        .await;
 }
 
 #[tokio::test]
@@ -130,12 +143,16 @@ async fn probes_follow_the_registration() {
     assert_eq!(status, 503);
     assert!(reason.contains("not registered"), "{reason}");
     assert_eq!(h.get("/nope").await.0, 404);
+    let registered = |t: &str| sample(t, "efa_device_plugin_registered");
+    assert_eq!(registered(&h.get("/metrics").await.1), Some(0.0));
     h.terminate_plugin();
 
     h.spawn_plugin(&[]);
     h.registered().await;
     wait_ready(&h, 200).await;
     assert_eq!(h.get("/healthz").await.0, 200);
+    h.scrape_until("the registration gauge", |t| registered(t) == Some(1.0))
+        .await;
 
     // The kubelet's restart drops the registration until the plugin is back.
     h.kubelet.restart().await.unwrap();
@@ -400,4 +417,43 @@ async fn the_nfd_feature_file_follows_the_devices_and_goes_with_the_plugin() {
     assert!(status.success(), "{}", h.plugin_log());
     assert!(took < Duration::from_secs(2));
     assert!(!file.exists(), "the labels must go with the plugin");
+}
+
+#[tokio::test]
+async fn the_exclusive_rdma_netns_mode_is_logged_once_with_the_fix_and_shown_as_a_gauge() {
+    let mut h = Harness::new(Shape::NoEfa);
+    h.spawn_plugin(&["--log-format", "json"]);
+    h.registered().await;
+    let gauge = |t: &str| sample(t, "efa_device_plugin_rdma_netns_exclusive");
+    let text = h
+        .scrape_until("the netns gauge", |t| gauge(t).is_some())
+        .await;
+    assert_eq!(gauge(&text), Some(0.0), "present, 0, from the start");
+
+    h.node.set_rdma_netns_mode(Some("N")).unwrap();
+    h.scrape_until("exclusive mode", |t| gauge(t) == Some(1.0))
+        .await;
+    // Several more rescans: the cause is logged once while it lasts.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let errors: Vec<serde_json::Value> = h
+        .plugin_log()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .filter(|line: &serde_json::Value| line["level"] == "ERROR")
+        .collect();
+    assert_eq!(errors.len(), 1, "{}", h.plugin_log());
+    let message = errors[0]["message"].as_str().unwrap();
+    for part in [
+        "exclusive",
+        "netns_mode=N",
+        "rdma system set netns shared",
+        "hostNetwork",
+    ] {
+        assert!(message.contains(part), "{part}: {message}");
+    }
+
+    // A node without ib_core's parameter is in the shared mode.
+    h.node.set_rdma_netns_mode(None).unwrap();
+    h.scrape_until("shared mode again", |t| gauge(t) == Some(0.0))
+        .await;
 }

@@ -346,6 +346,27 @@ impl Collector for PluginCollector {
         for (health, count) in [("healthy", healthy), ("unhealthy", unhealthy)] {
             ConstGauge::new(count as i64).encode(devices.encode_family(&[("health", health)])?)?;
         }
+        let mut each = encoder.encode_descriptor(
+            "efa_device_plugin_device_healthy",
+            "1 while the kubelet is told this EFA is Healthy, 0 while Unhealthy (list gives the reason)",
+            None,
+            MetricType::Gauge,
+        )?;
+        for record in inventory.devices() {
+            let labels = [
+                ("device", record.efa.id.as_str()),
+                ("ibdev", record.efa.ibdev.as_str()),
+            ];
+            ConstGauge::new(i64::from(record.is_healthy())).encode(each.encode_family(&labels)?)?;
+        }
+        // The condition /readyz reports: without a stream the kubelet cannot see the devices.
+        ConstGauge::new(i64::from(status.registered && status.open_streams > 0))
+        .encode(encoder.encode_descriptor(
+            "efa_device_plugin_registered",
+            "1 while registered with the kubelet with a ListAndWatch stream open (what /readyz reports)",
+            None,
+            MetricType::Gauge,
+        )?)?;
         let counters = [
             (
                 "efa_device_plugin_registrations",
@@ -407,6 +428,12 @@ impl Collector for PluginCollector {
                  (from another plugin, ID strategy or sharing count); the kubelet counts their \
                  EFAs as free",
                 i64::try_from(foreign).unwrap_or(i64::MAX),
+            ),
+            (
+                "efa_device_plugin_rdma_netns_exclusive",
+                "1 while the RDMA subsystem is in exclusive network-namespace mode, which hides \
+                 the EFAs from pods without the host network",
+                i64::from(inventory.netns_exclusive()),
             ),
         ];
         for (name, help, value) in gauges {

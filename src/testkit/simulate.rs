@@ -344,7 +344,25 @@ impl FakeNode {
         for device in &all {
             node.add(device)?;
         }
+        node.set_rdma_netns_mode(Some("Y"))?;
         Ok((node, all))
+    }
+
+    /// Writes ib_core's `netns_mode` parameter as the kernel shows it (`Y` shared, the
+    /// default; `N` after `rdma system set netns exclusive`), or removes it (`None`), as on a
+    /// node where `ib_core` is not loaded.
+    pub fn set_rdma_netns_mode(&self, mode: Option<&str>) -> io::Result<()> {
+        let dir = self.sysfs.join("module/ib_core/parameters");
+        match mode {
+            Some(mode) => {
+                fs::create_dir_all(&dir)?;
+                write(&dir.join("netns_mode"), mode)
+            }
+            None => match fs::remove_file(dir.join("netns_mode")) {
+                Err(err) if err.kind() != io::ErrorKind::NotFound => Err(err),
+                _ => Ok(()),
+            },
+        }
     }
 
     fn function_dir(&self, device: &FakeDevice) -> PathBuf {

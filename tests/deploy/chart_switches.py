@@ -20,9 +20,16 @@ def main(values_path, rendered_path):
     expressions = [e for term in terms for e in term["matchExpressions"]]
     kinds = {d["kind"] for d in docs}
     names = {d["metadata"]["name"] for d in docs}
+    plugin_configs = [d for d in docs if d["kind"] == "ConfigMap" and rendered.CONFIG_KEY in d["data"]]
+    dashboards = [d for d in docs if d["kind"] == "ConfigMap" and d not in plugin_configs]
+    rule = values["prometheusRule"]
+    alerts = [r for g in rendered.one(docs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]] if (
+        "PrometheusRule" in kinds) else []
 
     expectations = {
-        "fullnameOverride names every object": names == {values["fullnameOverride"]},
+        "fullnameOverride names every object": all(
+            n == values["fullnameOverride"] or n.startswith(values["fullnameOverride"] + "-") for n in names
+        ),
         "labelled scope adds the opt-in label term": {
             "key": "efa-device-plugin/enabled", "operator": "In", "values": ["true"]
         } in expressions,
@@ -55,8 +62,22 @@ def main(values_path, rendered_path):
         "extraArgs come last": container["args"][-len(values["extraArgs"]):] == values["extraArgs"],
         "extraVolumes and extraVolumeMounts are added": spec["volumes"][-1] == values["extraVolumes"][0]
         and container["volumeMounts"][-1] == values["extraVolumeMounts"][0],
-        "config values reach the ConfigMap": values["config"].items()
-        <= rendered.plugin_config(rendered.one(docs, "ConfigMap")).items(),
+        "config values reach the ConfigMap": len(plugin_configs) == 1
+        and values["config"].items() <= rendered.plugin_config(plugin_configs[0]).items(),
+        "prometheusRule renders with its labels": rule["labels"].items()
+        <= rendered.one(docs, "PrometheusRule")["metadata"]["labels"].items(),
+        "prometheusRule.for is the for of every alert that has one": {a.get("for") for a in alerts}
+        == {rule["for"], None},
+        "prometheusRule.window and greyFailureRate reach the counter alerts": all(
+            f"[{rule['window']}]" in a["expr"] for a in alerts if "_total[" in a["expr"]
+        ) and any(a["expr"].endswith(f"> {rule['greyFailureRate']}") for a in alerts),
+        "prometheusRule.runbookUrl starts every runbook_url": all(
+            a["annotations"]["runbook_url"].startswith(rule["runbookUrl"] + "#alert-") for a in alerts
+        ) and len(alerts) > 0,
+        "dashboard renders in dashboard.namespace with its labels and annotations": len(dashboards) == 1
+        and dashboards[0]["metadata"]["namespace"] == values["dashboard"]["namespace"]
+        and values["dashboard"]["labels"].items() <= dashboards[0]["metadata"]["labels"].items()
+        and dashboards[0]["metadata"]["annotations"] == values["dashboard"]["annotations"],
     }
     return rendered.report(expectations, "chart switches checked")
 

@@ -22,6 +22,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 source "$HERE/lib/build.sh"
 source "$HERE/lib/host.sh"
 source "$HERE/lib/fake-efa.sh"
+source "$HERE/cluster/prometheus.sh"
 source "$HERE/cluster/cdi-restart.sh"
 NODE=efa-e2e
 NS=kube-system
@@ -281,9 +282,10 @@ setup() {
 	ETCD=$(etcd_binary "$CACHE") || fail_setup "etcd $ETCD_VERSION build failed"
 	CONTAINERD_BIN=$(containerd_binaries "$CACHE") || fail_setup "containerd $CONTAINERD_VERSION build failed"
 	HELM=$(helm_binary "$CACHE") || fail_setup "helm $HELM_VERSION build failed"
-	PODMONITOR_CRD=$(podmonitor_crd "$CACHE") && [[ -f $PODMONITOR_CRD ]] ||
-		fail_setup "cannot fetch the PodMonitor CRD of prometheus-operator $PROMETHEUS_OPERATOR_VERSION"
+	mapfile -t OPERATOR_CRDS < <(prometheus_operator_crds "$CACHE") && [[ -f ${OPERATOR_CRDS[0]} && -f ${OPERATOR_CRDS[1]} ]] ||
+		fail_setup "cannot fetch the PodMonitor and PrometheusRule CRDs of prometheus-operator $PROMETHEUS_OPERATOR_VERSION"
 	PLUGIN=$(static_plugin_binary "$REPO") || fail_setup "static release build of the plugin failed"
+	prometheus_build
 
 	T=$(mktemp -d /tmp/efa-dp-cluster.XXXXXX)
 	mkdir -p "$T/host" "$T/logs" "$T/images"
@@ -666,10 +668,11 @@ case_helm() {
 	k delete -k "$HERE/cluster/kustomize/no-efa" --wait >/dev/null || { REASON="kubectl delete -k failed"; return 1; }
 	wait_until 60 no_plugin_pod || { REASON="plugin pod still there 60s after kubectl delete -k"; return 1; }
 	# The API server must accept every object the chart renders, with the
-	# defaults and with every switch on (the PodMonitor needs its CRD).
-	if ! k apply --server-side -f "$PODMONITOR_CRD" >/dev/null ||
-		! k wait --for condition=Established crd/podmonitors.monitoring.coreos.com --timeout=60s >/dev/null; then
-		REASON="the PodMonitor CRD was not established"
+	# defaults and with every switch on (the PodMonitor and PrometheusRule
+	# need their CRDs).
+	if ! k apply --server-side "${OPERATOR_CRDS[@]/#/-f}" >/dev/null ||
+		! k wait --for condition=Established crd/podmonitors.monitoring.coreos.com crd/prometheusrules.monitoring.coreos.com --timeout=60s >/dev/null; then
+		REASON="the PodMonitor and PrometheusRule CRDs were not established"
 		return 1
 	fi
 	for values in "" "$REPO/tests/deploy/values-variant.yaml"; do
@@ -783,6 +786,11 @@ main() {
 	run_case "(5) metrics over the pod IP: 4 healthy, efa_device_allocation names the holder of its 2 EFAs" case_metrics
 	run_case "(6) rollout restart: new pod Ready, holder keeps its devices, allocatable 4" case_rolling_update
 	run_case "(7) device loss: allocatable 3 within the status period + 2s, then 4" case_device_loss
+	run_case "(P1) Prometheus discovers the plugin pod by its prometheus.io/* annotations; target up" case_prometheus_target
+	run_case "(P2) Prometheus has every metric family the README lists" case_prometheus_families
+	run_case "(P3) Prometheus: the holder's counters carry its namespace, pod and container" case_prometheus_holder_labels
+	run_case "(P4) device loss: EfaDeviceUnhealthy fires, every dashboard query has data, the alert resolves" case_prometheus_alert_lifecycle
+	run_case "(P5) every PromQL example in the README returns a result" case_readme_promql
 	run_case "(8) node without EFA: plugin Ready, allocatable 0 or absent" case_no_efa
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
 	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi

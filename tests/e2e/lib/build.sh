@@ -142,6 +142,16 @@ helm_binary() {
 	printf '%s\n' "$dir/helm"
 }
 
+# Prometheus 3.16.0 (its module tags releases v0.<minor><patch>) with only
+# Kubernetes service discovery compiled in, which is all the suites use: the
+# server for the cluster suite, promtool for the alert rules in the deploy tier.
+PROMETHEUS_VERSION=v0.316.0
+prometheus_binaries() {
+	go_tool_binaries "$1" prometheus "$PROMETHEUS_VERSION" remove_all_sd,enable_kubernetes_sd \
+		github.com/prometheus/prometheus/cmd/prometheus \
+		github.com/prometheus/prometheus/cmd/promtool
+}
+
 # static_plugin_binary REPO: builds the plugin exactly as the image's build
 # stage does (static, release, locked) and prints its path. The deployment
 # checks build the same target, so a run after them reuses their build.
@@ -163,16 +173,18 @@ kubelet_cgroup_settings() {
 	fi
 }
 
-# podmonitor_crd CACHE: prints the path of the PodMonitor CRD as
-# prometheus-operator publishes it, from its module through the proxy, so the
-# chart's optional PodMonitor meets the real schema.
+# prometheus_operator_crds CACHE: prints the paths of the PodMonitor and
+# PrometheusRule CRDs as prometheus-operator publishes them, from its module
+# through the proxy, so the chart's optional objects meet the real schemas.
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
-podmonitor_crd() {
-	local dir
+prometheus_operator_crds() {
+	local dir kind
 	go_env "$1"
 	dir=$(cd "$1" && go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
 		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || return 1
-	printf '%s\n' "$dir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml"
+	for kind in podmonitors prometheusrules; do
+		printf '%s\n' "$dir/example/prometheus-operator-crd/monitoring.coreos.com_$kind.yaml"
+	done
 }
 
 # kube_stub_plugin CACHE SRC NAME: prints the path of the Go program in the
