@@ -255,12 +255,10 @@ build_image() {
 	arch=$(dpkg --print-architecture)
 	mkdir -p "$ctx"
 	cp "$PLUGIN" "$ctx/efa-device-plugin"
-	(cd "$REPO" && buildah --root "$T/buildah/root" --runroot "$T/buildah/runroot" --storage-driver vfs \
-		bud --isolation chroot --build-context "build=$ctx" --build-arg "TARGETARCH=$arch" \
+	(cd "$REPO" && oci_archive "$T/buildah" "$IMAGE" "$T/images/plugin.tar" \
+		--build-context "build=$ctx" --build-arg "TARGETARCH=$arch" \
 		--build-arg "BUILDARCH=$arch" --build-arg "REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
-		-t "$IMAGE" -f Dockerfile . &&
-		buildah --root "$T/buildah/root" --runroot "$T/buildah/runroot" --storage-driver vfs \
-			push "$IMAGE" "oci-archive:$T/images/plugin.tar:$IMAGE") >"$T/logs/buildah.log" 2>&1
+		-f Dockerfile .) >"$T/logs/buildah.log" 2>&1
 }
 
 setup() {
@@ -724,7 +722,7 @@ case_cdi() {
 		return 1
 	fi
 	spec_ids=$(python3 -c 'import json, sys; print(" ".join(sorted(d["name"] for d in json.load(open(sys.argv[1]))["devices"])))' "$CDI_SPEC")
-	want_ids=$(for i in "${!EFA_BUSES[@]}"; do efa_id "$i"; done | sort | paste -sd' ')
+	want_ids=$(for i in "${!EFA_BUSES[@]}"; do efa_pci "$i"; done | sort | paste -sd' ')
 	if [[ $spec_ids != "$want_ids" ]]; then
 		REASON="CDI spec devices [$spec_ids], want [$want_ids]"
 		return 1

@@ -206,7 +206,7 @@ allocated_ids() {
 
 all_ids() {
 	local i
-	for i in "${!EFA_BUSES[@]}"; do efa_id "$i"; done | paste -sd' '
+	for i in "${!EFA_BUSES[@]}"; do efa_pci "$i"; done | paste -sd' '
 }
 
 # wait_pod_running NAME COUNT: the pod runs, the checkpoint gives it COUNT
@@ -355,11 +355,11 @@ case_e() {
 
 case_f() {
 	local last_id three p
-	last_id=$(efa_id 3)
+	last_id=$(efa_pci 3)
 	for p in b e; do
 		remove_pod "$p" || { REASON="pod $p still listed 60s after its manifest was removed"; return 1; }
 	done
-	three=$(efa_id 0; efa_id 1; efa_id 2)
+	three=$(efa_pci 0; efa_pci 1; efa_pci 2)
 	three=$(paste -sd' ' <<<"$three")
 	rm "$T/dev/infiniband/uverbs3"
 	if ! wait_until 30 registered_is "$three"; then

@@ -47,19 +47,7 @@ kube_binaries() {
 	go_env "$cache"
 	local work
 	work=$(new_workdir "$cache" kubernetes) || return 1
-
-	# k8s.io/kubernetes points its staging modules at ./staging, which does
-	# not exist for a dependency; each one is published as v0.<minor>.<patch>.
-	local staging_version=v0.${KUBE_VERSION#v1.}
-	local gomod
-	gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
-		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') || return 1
-	{
-		echo "module efa-device-plugin-e2e/kubernetes"
-		echo "go 1.22.0"
-		echo "require k8s.io/kubernetes $KUBE_VERSION"
-		sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#replace \1 => \1 '"$staging_version"'#p' "$gomod"
-	} >"$work/go.mod"
+	kube_gomod "$work" efa-device-plugin-e2e/kubernetes || return 1
 
 	local pkg=k8s.io/component-base/version pkgs=()
 	local ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitTreeState=clean"
@@ -74,6 +62,52 @@ kube_binaries() {
 	for name in "${missing[@]}"; do mv "$work/bin/$name" "$dir/$name"; done
 	rm -rf "$work"
 	printf '%s\n' "$dir"
+}
+
+# kube_gomod DIR MODULE: writes DIR/go.mod for MODULE requiring
+# k8s.io/kubernetes at $KUBE_VERSION. k8s.io/kubernetes points its staging
+# modules at ./staging, which does not exist for a dependency; each one is
+# published as v0.<minor>.<patch>.
+kube_gomod() {
+	local dir=$1 module=$2 staging_version=v0.${KUBE_VERSION#v1.} gomod
+	gomod=$(cd "$dir" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') || return 1
+	[[ -n $gomod ]] || return 1
+	{
+		echo "module $module"
+		echo "go 1.22.0"
+		echo "require k8s.io/kubernetes $KUBE_VERSION"
+		sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#replace \1 => \1 '"$staging_version"'#p' "$gomod"
+	} >"$dir/go.mod"
+}
+
+# aws_standin_binary CACHE SRC: prints the path of the AWS plugin stand-in
+# built from the Go module in SRC against upstream's device-plugin stub at
+# $KUBE_VERSION, so it speaks the cluster's own API version. Cached per
+# version and source; the kubelet's build left most of it compiled.
+aws_standin_binary() {
+	local cache=$1 src=$2 sum dir work tags=
+	sum=$(cat "$src"/go.mod "$src"/*.go | sha256sum | cut -c1-16)
+	dir=$cache/aws-standin-$KUBE_VERSION-$sum
+	if [[ -x $dir/aws-standin ]]; then
+		printf '%s\n' "$dir/aws-standin"
+		return 0
+	fi
+	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
+	go_env "$cache"
+	work=$(new_workdir "$cache" aws-standin) || return 1
+	# The stub's calls took a context from 1.35 on (stub_ctx.go).
+	if ! (cp "$src"/*.go "$work/" && kube_gomod "$work" "$(sed -n 's/^module //p' "$src/go.mod")" &&
+		cd "$work" && go mod tidy >&2 &&
+		stub=$(go list -f '{{.Dir}}' k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1) &&
+		{ ! grep -q 'func (m \*Stub) Start(ctx context.Context)' "$stub/stub.go" || tags=stubctx; } &&
+		go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$work/aws-standin" . >&2); then
+		rm -rf "$work"
+		return 1
+	fi
+	rm -rf "$cache/aws-standin-$KUBE_VERSION"-*
+	mkdir -p "$dir" && mv "$work/aws-standin" "$dir/" && rm -rf "$work"
+	printf '%s\n' "$dir/aws-standin"
 }
 
 # The binary `go build` names for PKG: its last element, or the one before a
@@ -146,6 +180,17 @@ static_plugin_binary() {
 	(cd "$1" && RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --no-default-features --target "$triple" >&2) ||
 		return 1
 	printf '%s\n' "${CARGO_TARGET_DIR:-$1/target}/$triple/release/efa-device-plugin"
+}
+
+# oci_archive STORE TAG ARCHIVE BUD_ARG...: builds TAG with `buildah bud`
+# (vfs storage under STORE, chroot isolation: no daemon, no registry) and
+# writes it to ARCHIVE as an oci-archive, which `ctr images import` loads.
+oci_archive() {
+	local store=$1 tag=$2 archive=$3
+	shift 3
+	local -a buildah=(buildah --root "$store/root" --runroot "$store/runroot" --storage-driver vfs)
+	"${buildah[@]}" bud --isolation chroot -t "$tag" "$@" &&
+		"${buildah[@]}" push "$tag" "oci-archive:$archive:$tag"
 }
 
 # kubelet_cgroup_settings: what the kubelet config needs on this host. From
