@@ -344,7 +344,13 @@ async fn measure() {
     let mut samples = Vec::new();
     for _ in 0..50 {
         let started = Instant::now();
-        let records = health::observe(&dense.sysfs, &dense.dev, true).records;
+        let records = health::observe(
+            &dense.sysfs,
+            efa_device_plugin::discovery::DeviceIdStrategy::default(),
+            &dense.dev,
+            true,
+        )
+        .records;
         samples.push(started.elapsed());
         assert_eq!(records.len(), 256);
     }

@@ -95,7 +95,15 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         .await,
     );
     let state = DeviceState::default();
-    state.apply(health::observe(&h.node.sysfs, &h.node.dev, true).records);
+    state.apply(
+        health::observe(
+            &h.node.sysfs,
+            efa_device_plugin::discovery::DeviceIdStrategy::default(),
+            &h.node.dev,
+            true,
+        )
+        .records,
+    );
     let metrics = Metrics::new(
         state.reader(),
         tokio::sync::watch::channel(PluginStatus::default()).1,

@@ -70,6 +70,7 @@ impl Plugin {
             settings.rescan_interval,
             self.state.clone(),
         )
+        .with_ids(settings.device_id_strategy)
         .with_regular_files(settings.test_only_regular_file_nodes);
         let mut tasks = Tasks::default();
         // Bound before anything else starts, so a taken port fails the start with one line.

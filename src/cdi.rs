@@ -74,11 +74,11 @@ impl std::fmt::Display for Kind {
     }
 }
 
-/// The CDI device name for a kubelet-visible ID: the ID itself, since PCI addresses
-/// (`0000:10:1b.0`) and replica IDs (`0000:10:1b.0::3`) are valid CDI names (letters, digits,
-/// `_ - . :`, starting and ending with a letter or digit). An ID that is not valid (no kernel
-/// names a PCI function so) becomes `id-` and the hex of its bytes: still unique, and never
-/// a PCI address.
+/// The CDI device name for a kubelet-visible ID: the ID itself, since ibdev names
+/// (`rdmap16s27`, `efa_0`), PCI addresses (`0000:10:1b.0`) and replica IDs (`rdmap16s27::3`)
+/// are valid CDI names (letters, digits, `_ - . :`, starting and ending with a letter or
+/// digit). An ID that is not valid (no kernel names a device so) becomes `id-` and the hex of
+/// its bytes: still unique, and never an ibdev name or a PCI address.
 pub(crate) fn device_name(id: &str) -> String {
     let bytes = id.as_bytes();
     let valid = bytes.first().is_some_and(u8::is_ascii_alphanumeric)
@@ -247,7 +247,8 @@ impl Contributor for CdiDevices {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testkit::simulate::{Shape, inventory};
+    use crate::discovery::DeviceIdStrategy;
+    use crate::testkit::simulate::{self, Shape, inventory};
     use std::num::NonZeroU32;
 
     fn settings(replicas: u32, env: &[(&str, &str)]) -> SpecSettings {
@@ -293,14 +294,22 @@ mod tests {
     #[test]
     fn p4d_spec_lists_each_node_with_its_sysfs_numbers() {
         let spec = parse(&render(&inventory(Shape::P4d), &settings(1, &[])));
-        assert_eq!(spec["cdiVersion"], "0.5.0");
+        // ibdev names start with a letter, so the oldest runtimes can read the spec.
+        assert_eq!(spec["cdiVersion"], "0.3.0");
         assert_eq!(spec["kind"], "vpc.amazonaws.com/efa");
         assert!(spec.get("containerEdits").is_none());
         let devices = spec["devices"].as_array().unwrap();
         assert_eq!(devices.len(), 4);
-        assert_eq!(devices[0]["name"], "0000:10:1b.0");
+        let names: Vec<&str> = devices
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect();
         assert_eq!(
-            devices[0]["containerEdits"]["deviceNodes"],
+            names,
+            ["rdmap144s27", "rdmap160s27", "rdmap16s27", "rdmap32s27"]
+        );
+        assert_eq!(
+            devices[2]["containerEdits"]["deviceNodes"],
             serde_json::json!([{
                 "path": "/dev/infiniband/uverbs0",
                 "type": "c",
@@ -342,7 +351,7 @@ mod tests {
         assert_eq!(names.len(), 12);
         assert_eq!(
             &names[..3],
-            ["0000:10:1b.0::0", "0000:10:1b.0::1", "0000:10:1b.0::2"]
+            ["rdmap144s27::0", "rdmap144s27::1", "rdmap144s27::2"]
         );
         assert_eq!(
             spec["containerEdits"],
@@ -359,6 +368,10 @@ mod tests {
         let spec = parse(&render(&odd, &settings(1, &[])));
         assert_eq!(spec["devices"][0]["name"], "id-7063692f30");
         assert_eq!(spec["cdiVersion"], "0.3.0");
+        let by_pci = simulate::inventory_named(Shape::P4d, DeviceIdStrategy::Pci);
+        let spec = parse(&render(&by_pci, &settings(1, &[])));
+        assert_eq!(spec["devices"][0]["name"], "0000:10:1b.0");
+        assert_eq!(spec["cdiVersion"], "0.5.0", "a name starts with a digit");
         let dotted = SpecSettings {
             kind: Kind::of("example.com/efa.shared").unwrap(),
             ..settings(1, &[])

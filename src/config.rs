@@ -22,6 +22,7 @@ use serde::Serialize;
 use serde_yaml::Value;
 
 use crate::allocation::sharing::{Sharing, parse_replicas};
+use crate::discovery::DeviceIdStrategy;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -135,6 +136,10 @@ settings! {
     /// Extended resource name to advertise.
     resource_name: String = Setting::new("resource-name", "EFA_DP_RESOURCE_NAME", "NAME",
         "vpc.amazonaws.com/efa", parse_text);
+    /// The ID each EFA is advertised by: ibdev (its name under class/infiniband, as the AWS
+    /// plugin and CloudWatch know it) or pci (its PCI address).
+    device_id_strategy: DeviceIdStrategy = Setting::choice("device-id-strategy",
+        "EFA_DP_DEVICE_ID_STRATEGY", "DEVICE_ID_STRATEGY", "ibdev");
     /// How often to rescan sysfs (e.g. 500ms, 2s, 1m).
     #[serde(serialize_with = "serialize_duration")]
     rescan_interval: Duration = Setting::new("rescan-interval", "EFA_DP_RESCAN_INTERVAL",
@@ -160,8 +165,8 @@ settings! {
     plugins_registry_dir: PathBuf = Setting::new("plugins-registry-dir",
         "EFA_DP_PLUGINS_REGISTRY_DIR", "DIR", "/var/lib/kubelet/plugins_registry", parse_path);
     /// DRA drivers that manage EFAs; while one is registered every device is withheld.
-    dra_drivers: Vec<String> = Setting::new("dra-drivers", "EFA_DP_DRA_DRIVERS", "NAME,...",
-        "dra.net", parse_driver_names).in_file(FileKey::List);
+    dra_drivers: Vec<String> = Setting::list("dra-drivers", "EFA_DP_DRA_DRIVERS", "NAME,...",
+        "dra.net", parse_driver_names);
     /// Keep advertising devices while an EFA DRA driver is registered on the node.
     allow_dra_coexistence: bool = Setting::switch("allow-dra-coexistence",
         "EFA_DP_ALLOW_DRA_COEXISTENCE", "false");
@@ -245,6 +250,8 @@ struct Setting<T> {
     switch: bool,
     /// The words clap lists in `--help` and in its own error; empty for free text.
     choices: fn() -> Vec<PossibleValue>,
+    /// For a repeatable flag: how the values of two occurrences combine, in order.
+    repeat: Option<fn(T, T) -> T>,
 }
 
 impl<T> Setting<T> {
@@ -265,12 +272,35 @@ impl<T> Setting<T> {
             file: FileKey::Flag,
             switch: false,
             choices: Vec::new,
+            repeat: None,
         }
     }
 
     const fn in_file(self, file: FileKey) -> Self {
         Setting { file, ..self }
     }
+}
+
+impl Setting<Vec<String>> {
+    /// A list: comma-separated on the command line, where the flag may also be repeated, and a
+    /// YAML list in the file.
+    const fn list(
+        flag: &'static str,
+        env: &'static str,
+        value_name: &'static str,
+        default: &'static str,
+        parse: fn(&str) -> Result<Vec<String>, String>,
+    ) -> Self {
+        Setting {
+            repeat: Some(concat_lists),
+            ..Setting::new(flag, env, value_name, default, parse).in_file(FileKey::List)
+        }
+    }
+}
+
+fn concat_lists(mut first: Vec<String>, second: Vec<String>) -> Vec<String> {
+    first.extend(second);
+    first
 }
 
 impl Setting<bool> {
@@ -316,6 +346,8 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
         };
         if self.switch {
             arg.num_args(0..=1).default_missing_value("true")
+        } else if self.repeat.is_some() {
+            arg.action(ArgAction::Append)
         } else {
             arg
         }
@@ -332,7 +364,7 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
 
 impl<T: Clone + Send + Sync + 'static> Resolve<T> for Setting<T> {
     fn resolve(&self, given: &Given) -> Result<T, ConfigError> {
-        if let Some(value) = given.command_line(self.flag) {
+        if let Some(value) = given.command_line(self.flag, self.repeat) {
             return Ok(value);
         }
         let Some((key, path, value)) = self.file_key().and_then(|key| {
@@ -430,12 +462,18 @@ struct Given<'a> {
 }
 
 impl Given<'_> {
-    /// A flag's or variable's value, when one was given.
-    fn command_line<T: Clone + Send + Sync + 'static>(&self, id: &str) -> Option<T> {
+    /// A flag's or variable's value, when one was given; the occurrences of a repeatable flag
+    /// combined by `repeat`.
+    fn command_line<T: Clone + Send + Sync + 'static>(
+        &self,
+        id: &str,
+        repeat: Option<fn(T, T) -> T>,
+    ) -> Option<T> {
         let matches = self.matches?;
-        match matches.value_source(id)? {
-            ValueSource::DefaultValue => None,
-            _ => matches.get_one::<T>(id).cloned(),
+        match (matches.value_source(id)?, repeat) {
+            (ValueSource::DefaultValue, _) => None,
+            (_, None) => matches.get_one::<T>(id).cloned(),
+            (_, Some(combine)) => matches.get_many::<T>(id)?.cloned().reduce(combine),
         }
     }
 
@@ -612,18 +650,22 @@ pub(crate) fn parse_metrics_address(text: &str) -> Result<Option<SocketAddr>, St
 
 /// Comma-separated driver names, e.g. `dra.net,efa.example.com`.
 pub(crate) fn parse_driver_names(text: &str) -> Result<Vec<String>, String> {
-    let names: Vec<String> = text
-        .split(',')
-        .map(str::trim)
-        .filter(|name| !name.is_empty())
-        .map(str::to_owned)
-        .collect();
+    let names = comma_list(text);
     match names.iter().find(|name| name.contains('/')) {
         Some(name) => Err(format!(
             "invalid driver name {name:?}: must not contain '/'"
         )),
         None => Ok(names),
     }
+}
+
+/// The non-empty, trimmed items of a comma-separated list.
+fn comma_list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(str::to_owned)
+        .collect()
 }
 
 pub(crate) fn parse_bool(text: &str) -> Result<bool, String> {

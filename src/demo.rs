@@ -106,7 +106,7 @@ async fn story(root: &std::path::Path) -> anyhow::Result<()> {
             .into_iter()
             .flat_map(|c| c.device_i_ds)
             .collect();
-        let placed: Vec<&FakeDevice> = devices.iter().filter(|d| chosen.contains(&d.bdf)).collect();
+        let placed: Vec<&FakeDevice> = devices.iter().filter(|d| chosen.contains(&d.ibdev)).collect();
         let numa: BTreeSet<i32> = placed.iter().map(|d| d.numa).collect();
         let roots: BTreeSet<&String> = placed.iter().filter_map(|d| d.parents.first()).collect();
         println!(
@@ -131,15 +131,15 @@ async fn story(root: &std::path::Path) -> anyhow::Result<()> {
 
         let victim = devices
             .iter()
-            .find(|d| d.bdf == chosen[1])
+            .find(|d| d.ibdev == chosen[1])
             .ok_or_else(|| anyhow!("allocated device not simulated"))?;
         println!(
             "\nRemoving {} (the node of {}) to simulate a failure...",
             node.node_path(victim).display(),
-            victim.bdf
+            victim.ibdev
         );
         node.remove_node(victim)?;
-        let id = victim.bdf.clone();
+        let id = victim.ibdev.clone();
         let view = wait(&kubelet, "the failure", |v| {
             health_of(v, &id) == Some(false)
         })

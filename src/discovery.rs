@@ -46,11 +46,25 @@ impl std::str::FromStr for DevNum {
     }
 }
 
+/// Which of an EFA's names the kubelet knows it by.
+#[derive(clap::ValueEnum, serde::Serialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DeviceIdStrategy {
+    /// The RDMA device name, as the AWS plugin advertises it and CloudWatch looks it up: pods
+    /// keep their EFAs across a switch between the two plugins.
+    #[default]
+    Ibdev,
+    /// The PCI address: also stable across OS images that name RDMA devices differently.
+    Pci,
+}
+
 /// One EFA as sysfs describes it at the time of a scan.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Efa {
-    /// PCI address (`0000:10:1b.0`): stable across restarts, reboots and ibdev renames.
+    /// The ID the kubelet knows the EFA by: its `ibdev` or its `pci_address`, by strategy.
     pub id: String,
+    /// PCI address (`0000:10:1b.0`): stable across restarts, reboots and ibdev renames.
+    pub pci_address: String,
     /// RDMA device name: `efa_0` on Bottlerocket, `rdmap16s27` on AL2023.
     pub ibdev: String,
     /// uverbs node name, e.g. `uverbs3`; the container sees `/dev/infiniband/<uverbs>`.
@@ -82,7 +96,7 @@ impl fmt::Display for Problem {
 /// The result of one pass over `<sysfs>/class/infiniband`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Scan {
-    /// Sorted by id.
+    /// Sorted by PCI address.
     pub devices: Vec<Efa>,
     /// Entries that look like an EFA but could not be read, sorted by entry (the ibdev).
     pub problems: Vec<Problem>,
@@ -129,14 +143,14 @@ impl Reads {
 /// Why an entry is not read while an earlier read of it has not returned.
 pub(crate) const STILL_READING: &str = "an earlier read of its sysfs attributes has not returned";
 
-/// Reads every EFA below `sysfs_root`. A missing class directory means no EFA, not an error:
-/// the driver may load after the plugin starts.
-pub fn scan(sysfs_root: &Path) -> Scan {
-    scan_guarded(sysfs_root, &Reads::default())
+/// Reads every EFA below `sysfs_root`, each with its ID under `ids`. A missing class directory
+/// means no EFA, not an error: the driver may load after the plugin starts.
+pub fn scan(sysfs_root: &Path, ids: DeviceIdStrategy) -> Scan {
+    scan_guarded(sysfs_root, ids, &Reads::default())
 }
 
 /// [`scan`], skipping the entries that `reads` says are still being read by an earlier pass.
-pub(crate) fn scan_guarded(sysfs_root: &Path, reads: &Reads) -> Scan {
+pub(crate) fn scan_guarded(sysfs_root: &Path, ids: DeviceIdStrategy, reads: &Reads) -> Scan {
     let class = sysfs_root.join("class/infiniband");
     let mut result = Scan::default();
     let entries = match fs::read_dir(&class) {
@@ -165,7 +179,7 @@ pub(crate) fn scan_guarded(sysfs_root: &Path, reads: &Reads) -> Scan {
             });
             continue;
         }
-        let read = read_efa(&devices_dir, &dir, &ibdev);
+        let read = read_efa(&devices_dir, &dir, &ibdev, ids);
         reads.end(&ibdev);
         match read {
             Ok((efa, numa)) => {
@@ -183,7 +197,9 @@ pub(crate) fn scan_guarded(sysfs_root: &Path, reads: &Reads) -> Scan {
             }),
         }
     }
-    result.devices.sort_by(|a, b| a.id.cmp(&b.id));
+    result
+        .devices
+        .sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
     result.problems.sort_by(|a, b| a.entry.cmp(&b.entry));
     result
 }
@@ -205,10 +221,15 @@ fn driver_of(ibdev_dir: &Path) -> Option<String> {
 /// device its topology hint, not its place on the node.
 type Read = (Efa, Result<(), String>);
 
-fn read_efa(devices_dir: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Read, String> {
+fn read_efa(
+    devices_dir: &Path,
+    ibdev_dir: &Path,
+    ibdev: &str,
+    ids: DeviceIdStrategy,
+) -> Result<Read, String> {
     let function_link =
         fs::read_link(ibdev_dir.join("device")).map_err(|err| format!("device link: {err}"))?;
-    let id = function_link
+    let pci_address = function_link
         .file_name()
         .map(|name| name.to_string_lossy().into_owned())
         .ok_or("device link has no file name")?;
@@ -227,7 +248,11 @@ fn read_efa(devices_dir: &Path, ibdev_dir: &Path, ibdev: &str) -> Result<Read, S
     };
     let efa = Efa {
         pci_path,
-        id,
+        id: match ids {
+            DeviceIdStrategy::Ibdev => ibdev.to_owned(),
+            DeviceIdStrategy::Pci => pci_address.clone(),
+        },
+        pci_address,
         ibdev: ibdev.to_owned(),
         uverbs,
         dev,
@@ -336,7 +361,7 @@ mod tests {
     fn scan_shape(shape: Shape) -> (tempfile::TempDir, FakeNode, Scan) {
         let dir = tempfile::tempdir().unwrap();
         let (node, _) = FakeNode::build(dir.path(), shape, Nodes::Files).unwrap();
-        let found = scan(&node.sysfs);
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
         (dir, node, found)
     }
 
@@ -363,7 +388,8 @@ mod tests {
             assert!(found.problems.is_empty(), "{shape:?}: {:?}", found.problems);
             assert_eq!(found.devices.len(), want.len(), "{shape:?}");
             for (efa, fake) in found.devices.iter().zip(&want) {
-                assert_eq!(efa.id, fake.bdf);
+                assert_eq!(efa.id, fake.ibdev);
+                assert_eq!(efa.pci_address, fake.bdf);
                 assert_eq!(efa.ibdev, fake.ibdev);
                 assert_eq!(efa.uverbs, fake.uverbs_name());
                 assert_eq!(efa.dev, fake.dev);
@@ -372,6 +398,23 @@ mod tests {
                 assert!(efa.pci_path.ends_with(&fake.bdf), "{}", efa.pci_path);
                 assert!(efa.pci_path.starts_with("pci"), "{}", efa.pci_path);
             }
+        }
+    }
+
+    #[test]
+    fn the_pci_strategy_names_each_efa_by_its_address() {
+        let (_dir, node, by_ibdev) = scan_shape(Shape::P4d);
+        let by_pci = scan(&node.sysfs, DeviceIdStrategy::Pci);
+        assert_eq!(by_pci.devices.len(), 4);
+        for (pci, ibdev) in by_pci.devices.iter().zip(&by_ibdev.devices) {
+            assert_eq!(pci.id, pci.pci_address);
+            assert_eq!(
+                Efa {
+                    id: ibdev.ibdev.clone(),
+                    ..pci.clone()
+                },
+                *ibdev
+            );
         }
     }
 
@@ -416,7 +459,7 @@ mod tests {
         .unwrap();
         std::fs::remove_dir_all(device_of("rdmap32s27").join("infiniband_verbs")).unwrap();
         std::fs::write(device_of("rdmap144s27").join("numa_node"), "zero\n").unwrap();
-        let found = scan(&node.sysfs);
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
         assert_eq!(found.devices.len(), 1);
         assert_eq!(found.devices[0].ibdev, "rdmap160s27");
         let reasons: Vec<String> = found.problems.iter().map(ToString::to_string).collect();
@@ -435,7 +478,7 @@ mod tests {
         for decoy in ["uverbs", "uverbs0\n", "uverbs1x", "uverbs-2", "uverbs../x"] {
             std::fs::create_dir(verbs.join(decoy.replace('/', "_"))).unwrap();
         }
-        let found = scan(&node.sysfs);
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
         assert!(found.problems.is_empty(), "{:?}", found.problems);
         assert_eq!(found.devices[0].uverbs, "uverbs0");
     }
@@ -456,7 +499,7 @@ mod tests {
         .unwrap();
         // From <root>/sys/devices/pci0000:00/0000:00:1c.0/infiniband/rdmap0s28 up to <root>.
         std::os::unix::fs::symlink("../../../../../../elsewhere/0000:00:1c.0", &link).unwrap();
-        let found = scan(&node.sysfs);
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
         assert!(found.devices.is_empty(), "{:?}", found.devices);
         assert!(
             found.problems[0].reason.contains("outside"),
@@ -482,7 +525,7 @@ mod tests {
             .unwrap()
             .set_len(100 << 20)
             .unwrap();
-        let found = scan(&node.sysfs);
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
         assert_eq!(found.devices.len(), 2);
         let reasons: Vec<String> = found.problems.iter().map(ToString::to_string).collect();
         assert!(
@@ -503,7 +546,7 @@ mod tests {
             .join("class/infiniband/rdmap16s27/device/numa_node");
         std::fs::remove_file(&numa).unwrap();
         std::fs::create_dir(&numa).unwrap();
-        let found = scan(&node.sysfs);
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
         assert_eq!(found.devices.len(), 4);
         assert!(found.problems.is_empty());
         assert_eq!(found.devices[0].numa_node, None);
@@ -517,9 +560,13 @@ mod tests {
     #[test]
     fn a_failed_listing_is_not_an_empty_node() {
         let (_dir, node, _) = scan_shape(Shape::NoClassDir);
-        assert_eq!(scan(&node.sysfs), Scan::default(), "absent: no EFA");
+        assert_eq!(
+            scan(&node.sysfs, DeviceIdStrategy::Ibdev),
+            Scan::default(),
+            "absent: no EFA"
+        );
         std::fs::write(node.sysfs.join("class"), "").unwrap();
-        let found = scan(&node.sysfs);
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
         let failed = found.failed.expect("a listing error");
         assert_eq!(failed.code, "ENOTDIR");
         assert!(failed.message.contains("class/infiniband"), "{failed:?}");
@@ -530,7 +577,7 @@ mod tests {
         let (_dir, node, _) = scan_shape(Shape::P4d);
         let reads = Reads::default();
         assert!(reads.begin("rdmap32s27"));
-        let found = scan_guarded(&node.sysfs, &reads);
+        let found = scan_guarded(&node.sysfs, DeviceIdStrategy::Ibdev, &reads);
         assert_eq!(found.devices.len(), 3);
         assert_eq!(found.problems[0].entry, "rdmap32s27");
         assert_eq!(found.problems[0].reason, STILL_READING);
@@ -552,7 +599,7 @@ mod tests {
     fn a_plain_file_in_the_class_dir_is_ignored() {
         let (_dir, node, _) = scan_shape(Shape::G5);
         std::fs::write(node.sysfs.join("class/infiniband/stray"), "x").unwrap();
-        let found = scan(&node.sysfs);
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
         assert_eq!(found.devices.len(), 1);
         assert!(found.problems.is_empty());
     }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::discovery::{self, DevNum, Efa, ListingError, Problem, Reads};
+use crate::discovery::{self, DevNum, DeviceIdStrategy, Efa, ListingError, Problem, Reads};
 use crate::fsread;
 use crate::fswatch::WatchedDir;
 use crate::state::{Change, DeviceRecord, DeviceState, Observation, Verdict};
@@ -75,20 +75,26 @@ pub struct Observed {
 }
 
 /// One full observation: scan sysfs, judge each device.
-pub fn observe(sysfs_root: &Path, dev_root: &Path, regular_files: bool) -> Observed {
-    observe_guarded(sysfs_root, dev_root, regular_files, &Reads::default())
+pub fn observe(
+    sysfs_root: &Path,
+    ids: DeviceIdStrategy,
+    dev_root: &Path,
+    regular_files: bool,
+) -> Observed {
+    observe_guarded(sysfs_root, ids, dev_root, regular_files, &Reads::default())
 }
 
 /// How a pass observes the node; a parameter only so a test can stand in for a hung driver.
-type Observer = fn(&Path, &Path, bool, &Reads) -> Observed;
+type Observer = fn(&Path, DeviceIdStrategy, &Path, bool, &Reads) -> Observed;
 
 fn observe_guarded(
     sysfs_root: &Path,
+    ids: DeviceIdStrategy,
     dev_root: &Path,
     regular_files: bool,
     reads: &Reads,
 ) -> Observed {
-    let scan = discovery::scan_guarded(sysfs_root, reads);
+    let scan = discovery::scan_guarded(sysfs_root, ids, reads);
     let records = scan
         .devices
         .into_iter()
@@ -199,6 +205,7 @@ pub(crate) struct Monitor {
     dev_root: PathBuf,
     interval: Duration,
     regular_files: bool,
+    ids: DeviceIdStrategy,
     state: DeviceState,
     stats: Arc<ScanStats>,
     reads: Arc<Reads>,
@@ -224,6 +231,7 @@ impl Monitor {
             dev_root,
             interval,
             regular_files: false,
+            ids: DeviceIdStrategy::default(),
             state,
             stats: Arc::new(ScanStats::new(interval)),
             reads: Arc::default(),
@@ -231,6 +239,12 @@ impl Monitor {
             abandoned: None,
             known_problems: BTreeSet::new(),
         }
+    }
+
+    /// Names each EFA by `ids` instead of the default strategy.
+    pub(crate) fn with_ids(mut self, ids: DeviceIdStrategy) -> Self {
+        self.ids = ids;
+        self
     }
 
     /// Judges regular files at the node paths Healthy (test-only: simulated nodes).
@@ -297,15 +311,16 @@ impl Monitor {
             }
             self.abandoned = None;
         }
-        let (sysfs_root, dev_root, regular_files, reads, observe) = (
+        let (sysfs_root, ids, dev_root, regular_files, reads, observe) = (
             self.sysfs_root.clone(),
+            self.ids,
             self.dev_root.clone(),
             self.regular_files,
             self.reads.clone(),
             self.observer,
         );
         let mut pass = tokio::task::spawn_blocking(move || {
-            observe(&sysfs_root, &dev_root, regular_files, &reads)
+            observe(&sysfs_root, ids, &dev_root, regular_files, &reads)
         });
         match tokio::time::timeout(PASS_DEADLINE, &mut pass).await {
             Ok(Ok(observed)) => Ok(observed),
@@ -432,7 +447,13 @@ mod tests {
     /// `<sysfs>/hang`; the other devices read fine.
     const HUNG: &str = "rdmap32s27";
 
-    fn hung_driver(sysfs: &Path, _: &Path, _: bool, reads: &Reads) -> Observed {
+    fn hung_driver(
+        sysfs: &Path,
+        _: DeviceIdStrategy,
+        _: &Path,
+        _: bool,
+        reads: &Reads,
+    ) -> Observed {
         let records = simulate::inventory(simulate::Shape::P4d)
             .devices()
             .filter(|d| d.efa.ibdev != HUNG)
@@ -519,7 +540,7 @@ mod tests {
 
     static PASSES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-    fn counted_pass(_: &Path, _: &Path, _: bool, _: &Reads) -> Observed {
+    fn counted_pass(_: &Path, _: DeviceIdStrategy, _: &Path, _: bool, _: &Reads) -> Observed {
         PASSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Observed::default()
     }

@@ -13,6 +13,7 @@ use crate::state::Health;
 struct Row<'a> {
     id: &'a str,
     ibdev: &'a str,
+    pci_address: &'a str,
     uverbs: &'a str,
     numa_node: Option<u32>,
     health: Health,
@@ -44,6 +45,7 @@ fn cdi_cell(names: &[String]) -> String {
 pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> anyhow::Result<()> {
     let observed = health::observe(
         &settings.sysfs_root,
+        settings.device_id_strategy,
         &settings.dev_root,
         settings.test_only_regular_file_nodes,
     );
@@ -65,6 +67,7 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
                 .map(|r| Row {
                     id: &r.efa.id,
                     ibdev: &r.efa.ibdev,
+                    pci_address: &r.efa.pci_address,
                     uverbs: &r.efa.uverbs,
                     numa_node: r.efa.numa_node,
                     health: r.verdict.health,
@@ -77,16 +80,17 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
         OutputFormat::Table => {
             writeln!(
                 out,
-                "{:<14} {:<14} {:<9} {:>4} {:<9} {:<13} {:<35} REASON",
-                "ID", "IBDEV", "UVERBS", "NUMA", "HEALTH", "PCI", "CDI DEVICE"
+                "{:<14} {:<14} {:<13} {:<9} {:>4} {:<9} {:<13} {:<35} REASON",
+                "ID", "IBDEV", "PCI ADDRESS", "UVERBS", "NUMA", "HEALTH", "PCI ID", "CDI DEVICE"
             )?;
             for r in &records {
                 let numa = r.efa.numa_node.map_or("-".to_owned(), |n| n.to_string());
                 writeln!(
                     out,
-                    "{:<14} {:<14} {:<9} {:>4} {:<9} {:<13} {:<35} {}",
+                    "{:<14} {:<14} {:<13} {:<9} {:>4} {:<9} {:<13} {:<35} {}",
                     r.efa.id,
                     r.efa.ibdev,
+                    r.efa.pci_address,
                     r.efa.uverbs,
                     numa,
                     r.verdict.health.to_string(),

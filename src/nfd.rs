@@ -66,6 +66,7 @@ pub(crate) async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::discovery::DeviceIdStrategy;
     use crate::health;
     use crate::state::DeviceState;
     use crate::testkit::simulate::{FakeNode, Nodes, Shape};
@@ -74,7 +75,9 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let (node, _) = FakeNode::build(root.path(), shape, Nodes::Files).unwrap();
         let state = DeviceState::default();
-        state.apply(health::observe(&node.sysfs, &node.dev, true).records);
+        state.apply(
+            health::observe(&node.sysfs, DeviceIdStrategy::default(), &node.dev, true).records,
+        );
         (*state.current()).clone()
     }
 

@@ -303,6 +303,7 @@ mod tests {
         DeviceRecord {
             efa: Efa {
                 id: id.into(),
+                pci_address: id.into(),
                 ibdev: format!("ib-{id}"),
                 uverbs: "uverbs0".into(),
                 dev: DevNum {

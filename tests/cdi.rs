@@ -63,7 +63,7 @@ fn spec_names(spec: &serde_json::Value) -> Vec<String> {
 #[tokio::test]
 async fn cdi_mode_answers_qualified_names_and_no_device_specs() {
     let h = cdi_plugin(Shape::P4d, &["--allocate-env", "FI_PROVIDER=efa"]).await;
-    let response = allocate(&h, &[&["0000:10:1b.0", "0000:90:1b.0"], &["0000:a0:1b.0"]]).await;
+    let response = allocate(&h, &[&["rdmap16s27", "rdmap144s27"], &["rdmap160s27"]]).await;
     let names: Vec<Vec<&str>> = response
         .container_responses
         .iter()
@@ -73,10 +73,10 @@ async fn cdi_mode_answers_qualified_names_and_no_device_specs() {
         names,
         [
             vec![
-                "vpc.amazonaws.com/efa=0000:10:1b.0",
-                "vpc.amazonaws.com/efa=0000:90:1b.0"
+                "vpc.amazonaws.com/efa=rdmap16s27",
+                "vpc.amazonaws.com/efa=rdmap144s27"
             ],
-            vec!["vpc.amazonaws.com/efa=0000:a0:1b.0"],
+            vec!["vpc.amazonaws.com/efa=rdmap160s27"],
         ]
     );
     for container in &response.container_responses {
@@ -98,10 +98,14 @@ async fn cdi_mode_answers_qualified_names_and_no_device_specs() {
         spec["containerEdits"]["env"],
         serde_json::json!(["FI_PROVIDER=efa"])
     );
-    let first = &spec["devices"][0];
-    assert_eq!(first["name"], "0000:10:1b.0");
-    let node = &first["containerEdits"]["deviceNodes"][0];
     let efa = h.efas()[0].clone();
+    let first = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == efa.ibdev.as_str())
+        .expect("the first EFA in the spec, under its ibdev name");
+    let node = &first["containerEdits"]["deviceNodes"][0];
     assert_eq!(
         node["path"],
         format!("/dev/infiniband/{}", efa.uverbs_name())
@@ -125,7 +129,7 @@ async fn device_specs_mode_adds_the_env_to_every_container() {
         "NCCL_SOCKET_IFNAME=^lo,docker,FI_EFA_USE_DEVICE_RDMA=1",
     ]);
     h.registered().await;
-    let response = allocate(&h, &[&["0000:10:1b.0"], &["0000:20:1b.0"]]).await;
+    let response = allocate(&h, &[&["rdmap16s27"], &["rdmap32s27"]]).await;
     for container in &response.container_responses {
         let mut envs: Vec<(&str, &str)> = container
             .envs
@@ -153,8 +157,8 @@ async fn shared_efas_have_one_cdi_device_per_replica() {
     let spec = read_spec(&h).expect("spec written");
     let names = spec_names(&spec);
     assert_eq!(names.len(), 8);
-    assert_eq!(&names[..2], ["0000:10:1b.0::0", "0000:10:1b.0::1"]);
-    let response = allocate(&h, &[&["0000:20:1b.0::1", "0000:20:1b.0::0"]]).await;
+    assert_eq!(&names[..2], ["rdmap144s27::0", "rdmap144s27::1"]);
+    let response = allocate(&h, &[&["rdmap32s27::1", "rdmap32s27::0"]]).await;
     let container = &response.container_responses[0];
     // One EFA, one node, whichever of its replicas the kubelet handed over.
     assert_eq!(
@@ -163,7 +167,7 @@ async fn shared_efas_have_one_cdi_device_per_replica() {
             .iter()
             .map(|d| d.name.as_str())
             .collect::<Vec<_>>(),
-        ["vpc.amazonaws.com/efa=0000:20:1b.0::1"]
+        ["vpc.amazonaws.com/efa=rdmap32s27::1"]
     );
 }
 
@@ -177,7 +181,7 @@ async fn spec_follows_the_devices_and_goes_on_sigterm() {
     h.node.add(&late).unwrap();
     h.wait("the new device", |v| v.devices.len() == 5).await;
     eventually("the rewritten spec", || {
-        read_spec(&h).is_some_and(|spec| spec_names(&spec).contains(&late.bdf))
+        read_spec(&h).is_some_and(|spec| spec_names(&spec).contains(&late.ibdev))
     })
     .await;
     let spec = read_spec(&h).unwrap();
@@ -185,7 +189,7 @@ async fn spec_follows_the_devices_and_goes_on_sigterm() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|d| d["name"] == late.bdf.as_str())
+        .find(|d| d["name"] == late.ibdev.as_str())
         .unwrap();
     assert_eq!(added["containerEdits"]["deviceNodes"][0]["major"], 511);
     let leftovers: Vec<_> = std::fs::read_dir(spec_dir(&h)).unwrap().flatten().collect();
@@ -210,7 +214,7 @@ async fn no_spec_until_there_is_a_device() {
     let late = simulate::devices(Shape::P4d).remove(0);
     h.node.add(&late).unwrap();
     eventually("the first spec", || {
-        read_spec(&h).is_some_and(|spec| spec_names(&spec) == [late.bdf.clone()])
+        read_spec(&h).is_some_and(|spec| spec_names(&spec) == [late.ibdev.clone()])
     })
     .await;
 }

@@ -216,6 +216,7 @@ fn list_json_has_exactly_the_documented_keys() {
     let mut expected = vec![
         "id",
         "ibdev",
+        "pci_address",
         "uverbs",
         "numa_node",
         "health",
@@ -225,14 +226,15 @@ fn list_json_has_exactly_the_documented_keys() {
     let mut keys_sorted = keys.clone();
     keys_sorted.sort();
     assert_eq!(keys_sorted, expected);
-    assert_eq!(rows[0]["id"], "0000:00:1c.0");
+    assert_eq!(rows[0]["id"], "rdmap0s28");
     assert_eq!(rows[0]["ibdev"], "rdmap0s28");
+    assert_eq!(rows[0]["pci_address"], "0000:00:1c.0");
     assert_eq!(rows[0]["uverbs"], "uverbs0");
     assert_eq!(rows[0]["numa_node"], serde_json::Value::Null);
     assert_eq!(rows[0]["health"], "Healthy");
     assert_eq!(
         rows[0]["cdi_devices"],
-        serde_json::json!(["vpc.amazonaws.com/efa=0000:00:1c.0"])
+        serde_json::json!(["vpc.amazonaws.com/efa=rdmap0s28"])
     );
 }
 
@@ -283,4 +285,77 @@ fn demo_runs_and_cleans_up() {
         .expect("scratch dir named")
         .trim_end_matches('.');
     assert!(!Path::new(scratch).exists());
+}
+
+#[test]
+fn device_ids_default_to_ibdev_and_an_unknown_strategy_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let strategy = |args: &[&str], env: &[(&str, &str)]| {
+        let (code, stdout, stderr) = run_binary(&[args, &["config"]].concat(), env);
+        assert_eq!(code, 0, "{stderr}");
+        let effective: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+        effective["device-id-strategy"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(strategy(&[], &[]), "ibdev");
+    assert_eq!(strategy(&["--device-id-strategy", "pci"], &[]), "pci");
+    assert_eq!(
+        strategy(&[], &[("EFA_DP_DEVICE_ID_STRATEGY", "pci")]),
+        "pci"
+    );
+    let config = write_config(dir.path(), "device-id-strategy: pci\n");
+    assert_eq!(strategy(&["--config", &config], &[]), "pci");
+
+    let result = run_binary(&["--device-id-strategy", "bdf", "config"], &[]);
+    assert_eq!(result.0, 2);
+    assert_one_line_error(result, &["--device-id-strategy", "bdf"]);
+    let result = run_binary(&["config"], &[("EFA_DP_DEVICE_ID_STRATEGY", "PCI-address")]);
+    assert_eq!(result.0, 2);
+    assert_one_line_error(result, &["--device-id-strategy"]);
+    let config = write_config(dir.path(), "device-id-strategy: uuid\n");
+    let result = run_binary(&["--config", &config, "config"], &[]);
+    assert_eq!(result.0, 2);
+    assert_one_line_error(result, &["device-id-strategy", "uuid"]);
+}
+
+#[test]
+fn list_shows_both_names_whichever_the_strategy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = FakeNode::build(dir.path(), Shape::P4d, node_kind()).unwrap();
+    let sysfs = node.sysfs.display().to_string();
+    let dev = node.dev.display().to_string();
+    let rows = |strategy: &str| {
+        let (code, stdout, stderr) = run_binary(
+            &[
+                "--sysfs-root",
+                &sysfs,
+                "--dev-root",
+                &dev,
+                "--device-id-strategy",
+                strategy,
+                "list",
+                "--output",
+                "json",
+            ],
+            &[],
+        );
+        assert_eq!(code, 0, "{stderr}");
+        let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout).unwrap();
+        rows
+    };
+    let by_ibdev = rows("ibdev");
+    let by_pci = rows("pci");
+    assert_eq!(by_ibdev[0]["id"], "rdmap16s27");
+    assert_eq!(by_pci[0]["id"], "0000:10:1b.0");
+    for (a, b) in by_ibdev.iter().zip(&by_pci) {
+        assert_eq!(
+            (&a["ibdev"], &a["pci_address"]),
+            (&b["ibdev"], &b["pci_address"])
+        );
+        assert_eq!(a["id"], a["ibdev"]);
+        assert_eq!(b["id"], b["pci_address"]);
+    }
+    assert_eq!(
+        by_pci[0]["cdi_devices"],
+        serde_json::json!(["vpc.amazonaws.com/efa=0000:10:1b.0"])
+    );
 }

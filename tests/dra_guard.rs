@@ -34,7 +34,7 @@ async fn a_registered_dra_driver_withholds_every_device_until_it_goes() {
     let _gpu = UnixListener::bind(registry(&h).join("gpu.nvidia.com-reg.sock")).unwrap();
     h.spawn_plugin(&["--log-format", "json"]);
     h.registered().await;
-    let id = h.efas()[0].bdf.clone();
+    let id = h.efas()[0].ibdev.clone();
 
     let (_dranet, socket) = register_dranet(&h);
     let view = h

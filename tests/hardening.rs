@@ -81,7 +81,7 @@ async fn a_flood_of_idle_connections_is_capped_and_the_devices_never_notice() {
         fds_during <= fds_before + CAP + 4,
         "{fds_during} fds with the flood, {fds_before} before"
     );
-    let efa = h.efas()[0].bdf.clone();
+    let efa = h.efas()[0].ibdev.clone();
     allocate(&h, &efa).await.expect("Allocate during the flood");
     let view = h.kubelet.view().borrow().clone();
     assert_eq!(view.snapshots, snapshots, "the device state changed");
@@ -271,10 +271,10 @@ async fn a_fifo_in_sysfs_marks_only_its_device_and_sigterm_still_ends_the_plugin
         v.healthy() == 3
             && v.devices
                 .iter()
-                .any(|d| d.id == efas[1].bdf && d.health == UNHEALTHY)
+                .any(|d| d.id == efas[1].ibdev && d.health == UNHEALTHY)
     })
     .await;
-    assert_eq!(health_of(&h, &efas[0].bdf).as_deref(), Some(HEALTHY));
+    assert_eq!(health_of(&h, &efas[0].ibdev).as_deref(), Some(HEALTHY));
     assert!(h.plugin_log().contains("a FIFO"), "{}", h.plugin_log());
     // A FIFO among the counters costs that one counter, not the scrape.
     let (status, text) = h.get("/metrics").await;
@@ -302,8 +302,8 @@ async fn only_a_character_device_at_the_node_path_is_healthy() {
     std::os::unix::fs::symlink(&target, &link).unwrap();
 
     h.wait("both to turn Unhealthy", |v| v.healthy() == 2).await;
-    assert_eq!(health_of(&h, &efas[0].bdf).as_deref(), Some(UNHEALTHY));
-    assert_eq!(health_of(&h, &efas[1].bdf).as_deref(), Some(UNHEALTHY));
+    assert_eq!(health_of(&h, &efas[0].ibdev).as_deref(), Some(UNHEALTHY));
+    assert_eq!(health_of(&h, &efas[1].ibdev).as_deref(), Some(UNHEALTHY));
     let log = h.plugin_log();
     assert!(
         log.contains("is a directory, not a character device"),
@@ -413,5 +413,5 @@ async fn an_unreadable_numa_node_is_logged_and_counted() {
     );
     assert!(log.contains(&efa.ibdev), "{log}");
     // Topology is a hint: the device stays in service.
-    assert_eq!(health_of(&h, &efa.bdf).as_deref(), Some(HEALTHY));
+    assert_eq!(health_of(&h, &efa.ibdev).as_deref(), Some(HEALTHY));
 }

@@ -42,18 +42,13 @@ async fn registers_and_lists_p4d_with_numa() {
     assert_eq!(request.resource_name, "vpc.amazonaws.com/efa");
     assert_eq!(
         ids(&view),
-        [
-            "0000:10:1b.0",
-            "0000:20:1b.0",
-            "0000:90:1b.0",
-            "0000:a0:1b.0"
-        ]
+        ["rdmap144s27", "rdmap160s27", "rdmap16s27", "rdmap32s27"]
     );
     assert!(view.devices.iter().all(|d| d.health == HEALTHY));
-    assert_eq!(numa_of(&view, "0000:10:1b.0"), Some(0));
-    assert_eq!(numa_of(&view, "0000:20:1b.0"), Some(0));
-    assert_eq!(numa_of(&view, "0000:90:1b.0"), Some(1));
-    assert_eq!(numa_of(&view, "0000:a0:1b.0"), Some(1));
+    assert_eq!(numa_of(&view, "rdmap16s27"), Some(0));
+    assert_eq!(numa_of(&view, "rdmap32s27"), Some(0));
+    assert_eq!(numa_of(&view, "rdmap144s27"), Some(1));
+    assert_eq!(numa_of(&view, "rdmap160s27"), Some(1));
     assert_eq!(view.register_calls, 1);
 }
 
@@ -67,9 +62,9 @@ async fn p6_b200_mlx5_decoys_are_not_advertised() {
     let decoys: Vec<_> = h.devices.iter().filter(|d| !d.is_efa()).collect();
     for decoy in decoys {
         assert!(
-            health_of(&view, &decoy.bdf).is_none(),
+            health_of(&view, &decoy.ibdev).is_none(),
             "{} advertised",
-            decoy.bdf
+            decoy.ibdev
         );
     }
 }
@@ -105,7 +100,7 @@ async fn no_efa_registers_empty_and_picks_up_a_late_device() {
                 v.devices.len() == 1 && v.healthy() == 1
             })
             .await;
-        assert_eq!(view.devices[0].id, late.bdf);
+        assert_eq!(view.devices[0].id, late.ibdev);
         assert_eq!(view.devices[0].health, HEALTHY);
     }
 }
@@ -120,7 +115,7 @@ async fn allocate_returns_exactly_the_allocated_nodes() {
     let response = client
         .allocate(AllocateRequest {
             container_requests: vec![ContainerAllocateRequest {
-                devices_ids: chosen.iter().map(|d| d.bdf.clone()).collect(),
+                devices_ids: chosen.iter().map(|d| d.ibdev.clone()).collect(),
             }],
         })
         .await
@@ -167,21 +162,25 @@ async fn allocate_refuses_unknown_and_unhealthy_ids_by_name() {
         }],
     };
     let err = client
-        .allocate(request(&["0000:10:1b.0", "0000:ff:00.0"]))
+        .allocate(request(&["rdmap16s27", "0000:10:1b.0"]))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(err.message().contains("0000:ff:00.0"), "{}", err.message());
+    // The other strategy's name for an EFA is as unknown as a made-up ID.
+    assert!(err.message().contains("0000:10:1b.0"), "{}", err.message());
 
     let victim = h.efas()[2].clone();
     h.node.remove_node(&victim).unwrap();
     h.wait("the failure", |v| {
-        health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+        health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
     })
     .await;
-    let err = client.allocate(request(&[&victim.bdf])).await.unwrap_err();
+    let err = client
+        .allocate(request(&[&victim.ibdev]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert!(err.message().contains(&victim.bdf), "{}", err.message());
+    assert!(err.message().contains(&victim.ibdev), "{}", err.message());
 }
 
 #[tokio::test]
@@ -194,7 +193,7 @@ async fn node_removal_shows_without_waiting_for_a_rescan() {
     h.node.remove_node(&victim).unwrap();
     let view = h
         .wait("the removal", |v| {
-            health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+            health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
         })
         .await;
     assert_eq!(view.healthy(), 3);
@@ -211,7 +210,7 @@ async fn vanished_device_stays_listed_unhealthy_and_recovers() {
     h.node.remove(&victim).unwrap();
     let view = h
         .wait("the vanished device", |v| {
-            health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+            health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
         })
         .await;
     assert_eq!(view.devices.len(), 4, "a vanished device stays in capacity");
@@ -221,7 +220,7 @@ async fn vanished_device_stays_listed_unhealthy_and_recovers() {
     // Unbinding the driver alone is a failure too.
     h.node.unbind(&victim).unwrap();
     h.wait("the unbound device", |v| {
-        health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+        health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
     })
     .await;
     h.node.bind(&victim).unwrap();
@@ -229,11 +228,11 @@ async fn vanished_device_stays_listed_unhealthy_and_recovers() {
 }
 
 #[tokio::test]
-async fn renamed_ibdev_keeps_its_id() {
+async fn renamed_ibdev_keeps_its_pci_id() {
     let mut h = Harness::new(Shape::Bottlerocket);
-    h.spawn_plugin(&[]);
+    h.spawn_plugin(&["--device-id-strategy", "pci"]);
     let before = ids(&h.registered().await);
-    // rdma-core's udev rule renames efa_N to its PCI name: the ID must not move.
+    // rdma-core's udev rule renames efa_N to its PCI name: a PCI ID must not move.
     let mut renamed = h.efas()[0].clone();
     h.node.remove(&renamed).unwrap();
     renamed.ibdev = "rdmap16s27".into();
@@ -268,7 +267,7 @@ async fn mismatched_char_device_is_unhealthy() {
     wrong.minor += 100;
     make_char_device(&path, wrong).unwrap();
     h.wait("the mismatch", |v| {
-        health_of(v, &victim.bdf).as_deref() == Some(UNHEALTHY)
+        health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
     })
     .await;
     assert!(h.plugin_log().contains("sysfs says"), "{}", h.plugin_log());
@@ -456,4 +455,40 @@ async fn a_full_disk_delays_registration_without_killing_the_plugin() {
     h.registered().await;
     let (status, _) = h.terminate_plugin();
     assert!(status.success());
+}
+
+#[tokio::test]
+async fn the_pci_strategy_advertises_addresses_and_refuses_ibdev_names() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&["--device-id-strategy", "pci"]);
+    let view = h.registered().await;
+    assert_eq!(
+        ids(&view),
+        [
+            "0000:10:1b.0",
+            "0000:20:1b.0",
+            "0000:90:1b.0",
+            "0000:a0:1b.0"
+        ]
+    );
+    assert_eq!(numa_of(&view, "0000:90:1b.0"), Some(1));
+    let mut client = h.kubelet.plugin().unwrap();
+    let request = |ids: &[&str]| AllocateRequest {
+        container_requests: vec![ContainerAllocateRequest {
+            devices_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }],
+    };
+    let answer = client
+        .allocate(request(&["0000:20:1b.0"]))
+        .await
+        .unwrap()
+        .into_inner();
+    let efa = h.efas()[1].clone();
+    assert_eq!(
+        answer.container_responses[0].devices[0].container_path,
+        format!("/dev/infiniband/{}", efa.uverbs_name())
+    );
+    let err = client.allocate(request(&["rdmap32s27"])).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().contains("rdmap32s27"), "{}", err.message());
 }

@@ -75,7 +75,8 @@ fn hints(view: &KubeletView, request: usize) -> Option<Vec<(BTreeSet<i64>, bool)
 #[tokio::test]
 async fn p5_answers_are_local_and_allocatable() {
     let mut h = Harness::new(Shape::P5);
-    h.spawn_plugin(&[]);
+    // PCI IDs, so each expected answer shows where its EFAs sit.
+    h.spawn_plugin(&["--device-id-strategy", "pci"]);
     let view = h.registered().await;
     assert!(view.options.unwrap().get_preferred_allocation_available);
     let all: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();

@@ -217,7 +217,8 @@ async fn a_sharing_count_over_the_kubelets_message_limit_is_refused_at_start() {
         h.node.add(&device).unwrap();
     }
     let mut args = h.args();
-    args.extend(["--sharing-replicas".into(), "64".into()]);
+    // PCI addresses: the longer of the two ID forms on this tree.
+    args.extend(["--sharing-replicas", "64", "--device-id-strategy", "pci"].map(String::from));
     let (status, stderr) = exit_of(&args).await;
     assert_eq!(status.code(), Some(2), "{stderr}");
     let last = stderr.lines().last().unwrap_or_default();

@@ -39,21 +39,21 @@ async fn each_efa_is_listed_once_per_replica_with_its_numa_node() {
     assert_eq!(
         ids,
         [
-            "0000:10:1b.0::0",
-            "0000:10:1b.0::1",
-            "0000:20:1b.0::0",
-            "0000:20:1b.0::1",
-            "0000:90:1b.0::0",
-            "0000:90:1b.0::1",
-            "0000:a0:1b.0::0",
-            "0000:a0:1b.0::1",
+            "rdmap144s27::0",
+            "rdmap144s27::1",
+            "rdmap160s27::0",
+            "rdmap160s27::1",
+            "rdmap16s27::0",
+            "rdmap16s27::1",
+            "rdmap32s27::0",
+            "rdmap32s27::1",
         ]
     );
     for device in &view.devices {
         let efa = h
             .efas()
             .into_iter()
-            .find(|e| device.id.starts_with(&e.bdf))
+            .find(|e| device.id.starts_with(&e.ibdev))
             .unwrap();
         let numa = device.topology.as_ref().unwrap().nodes[0].id;
         assert_eq!(numa, i64::from(efa.numa), "{}", device.id);
@@ -67,9 +67,9 @@ async fn replicas_of_one_efa_open_its_node_once() {
     let mut client = h.kubelet.plugin().unwrap();
     let response = client
         .allocate(allocate(&[
-            "0000:10:1b.0::0",
-            "0000:10:1b.0::2",
-            "0000:90:1b.0::1",
+            "rdmap16s27::0",
+            "rdmap16s27::2",
+            "rdmap144s27::1",
         ]))
         .await
         .unwrap()
@@ -80,18 +80,18 @@ async fn replicas_of_one_efa_open_its_node_once() {
         .map(|s| s.container_path.as_str())
         .collect();
     let efas = h.efas();
-    let node_of = |bdf: &str| {
-        let efa = efas.iter().find(|e| e.bdf == bdf).unwrap();
+    let node_of = |ibdev: &str| {
+        let efa = efas.iter().find(|e| e.ibdev == ibdev).unwrap();
         format!("/dev/infiniband/{}", efa.uverbs_name())
     };
-    let mut want = vec![node_of("0000:10:1b.0"), node_of("0000:90:1b.0")];
+    let mut want = vec![node_of("rdmap16s27"), node_of("rdmap144s27")];
     want.sort();
     let mut got: Vec<String> = nodes.iter().map(|s| s.to_string()).collect();
     got.sort();
     assert_eq!(got, want);
 
     // Only advertised IDs are served: no replica past N, no bare address.
-    for id in ["0000:10:1b.0::3", "0000:10:1b.0"] {
+    for id in ["rdmap16s27::3", "rdmap16s27"] {
         let err = client.allocate(allocate(&[id])).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{id}");
         assert!(err.message().contains(id), "{}", err.message());
@@ -107,7 +107,7 @@ async fn health_applies_to_every_replica() {
         .wait("both replicas unhealthy", |v| v.healthy() == 6)
         .await;
     for device in &view.devices {
-        let expected = if device.id.starts_with(&victim.bdf) {
+        let expected = if device.id.starts_with(&victim.ibdev) {
             UNHEALTHY
         } else {
             HEALTHY
@@ -116,7 +116,7 @@ async fn health_applies_to_every_replica() {
     }
     let mut client = h.kubelet.plugin().unwrap();
     let err = client
-        .allocate(allocate(&[&format!("{}::1", victim.bdf)]))
+        .allocate(allocate(&[&format!("{}::1", victim.ibdev)]))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
@@ -140,7 +140,7 @@ async fn preferred_replicas_spread_over_distinct_efas() {
         .into_inner();
     assert_eq!(
         response.container_responses[0].device_i_ds,
-        ["0000:10:1b.0::0", "0000:20:1b.0::0"]
+        ["rdmap16s27::0", "rdmap32s27::0"]
     );
 }
 

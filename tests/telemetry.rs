@@ -14,7 +14,7 @@ use support::{Harness, sample};
 fn hw(name: &str, device: &FakeDevice) -> String {
     format!(
         "efa_{name}_total{{device=\"{}\",ibdev=\"{}\"}}",
-        device.bdf, device.ibdev
+        device.ibdev, device.ibdev
     )
 }
 
@@ -84,7 +84,7 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
         Some(987_654_321.0)
     );
 
-    allocate(&h, &[&efas[0].bdf]).await.unwrap();
+    allocate(&h, &[&efas[0].ibdev]).await.unwrap();
     allocate(&h, &["0000:ff:00.0"]).await.unwrap_err();
     let text = h.get("/metrics").await.1;
     let ok = "efa_device_plugin_allocations_total{result=\"ok\"}";
@@ -168,9 +168,15 @@ async fn counters_carry_the_pod_that_holds_the_device() {
                 "trainer-0",
                 "main",
                 "vpc.amazonaws.com/efa",
-                &[&efas[0].bdf],
+                &[&efas[0].ibdev],
             ),
-            pod("ml", "gpu-only", "main", "nvidia.com/gpu", &[&efas[1].bdf]),
+            pod(
+                "ml",
+                "gpu-only",
+                "main",
+                "nvidia.com/gpu",
+                &[&efas[1].ibdev],
+            ),
         ],
     )
     .unwrap();
@@ -180,7 +186,7 @@ async fn counters_carry_the_pod_that_holds_the_device() {
 
     let held = format!(
         "efa_rx_bytes_total{{device=\"{}\",ibdev=\"{}\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\"}}",
-        efas[0].bdf, efas[0].ibdev
+        efas[0].ibdev, efas[0].ibdev
     );
     let text = h
         .scrape_until("pod labels", |t| sample(t, &held).is_some())
@@ -222,7 +228,7 @@ async fn pod_labels_on_counters_can_be_turned_off() {
             "trainer-0",
             "main",
             "vpc.amazonaws.com/efa",
-            &[&efa.bdf],
+            &[&efa.ibdev],
         )],
     )
     .unwrap();
@@ -280,7 +286,7 @@ async fn logs_each_change_once_and_nothing_while_idle() {
     for message in ["device unhealthy", "device healthy again"] {
         let lines = logged(&h, message);
         assert_eq!(lines.len(), 1, "{message}\n{}", h.plugin_log());
-        assert_eq!(lines[0]["device"], efa.bdf.as_str());
+        assert_eq!(lines[0]["device"], efa.ibdev.as_str());
         assert_eq!(lines[0]["ibdev"], efa.ibdev.as_str());
     }
     let registrations = logged(&h, "registered with the kubelet");

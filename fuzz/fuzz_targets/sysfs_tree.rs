@@ -122,6 +122,7 @@ fuzz_target!(|entries: Vec<Entry>| {
     // switch judges them as the plugin judges character devices.
     let observed = efa_device_plugin::health::observe(
         &root.path().join("sys"),
+        efa_device_plugin::discovery::DeviceIdStrategy::default(),
         &root.path().join("dev"),
         true,
     );

@@ -94,6 +94,8 @@ struct Replica<'a> {
 /// An EFA with at least one usable offered ID, and where it sits.
 struct Candidate<'a> {
     device: &'a str,
+    /// The PCI address, so ties go to lower addresses whatever the ID strategy.
+    address: &'a str,
     numa: Option<u32>,
     /// The bridges above the PCI function, outermost first.
     bridges: Vec<&'a str>,
@@ -167,6 +169,7 @@ fn candidates<'a>(
                 bridges.truncate(MAX_BRIDGES);
                 Candidate {
                     device: &efa.id,
+                    address: &efa.pci_address,
                     numa: efa.numa_node,
                     bridges,
                     replicas: Vec::new(),
@@ -182,7 +185,7 @@ fn candidates<'a>(
             .sort_unstable_by_key(|r| (!r.forced, r.number));
     }
     all.sort_unstable_by(|a, b| {
-        (a.numa, &a.bridges, a.device).cmp(&(b.numa, &b.bridges, b.device))
+        (a.numa, &a.bridges, a.address, a.device).cmp(&(b.numa, &b.bridges, b.address, b.device))
     });
     all
 }
@@ -339,9 +342,16 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::discovery::DeviceIdStrategy;
     use crate::discovery::Efa;
     use crate::state::{DeviceRecord, Verdict};
-    use crate::testkit::simulate::{Shape, inventory};
+    use crate::testkit::simulate::{self, Shape};
+
+    /// PCI IDs, so each expected answer shows where its EFAs sit; the property tests below
+    /// also run under the default strategy.
+    fn inventory(shape: Shape) -> Inventory {
+        simulate::inventory_named(shape, DeviceIdStrategy::Pci)
+    }
 
     fn shared(replicas: u32) -> Sharing {
         Sharing::replicas(NonZeroU32::new(replicas).unwrap())
@@ -591,33 +601,36 @@ mod tests {
     /// A layout, a sharing setting, and an offer drawn from its advertised IDs.
     fn offer(
         max_offered: usize,
-    ) -> impl Strategy<Value = (Shape, u32, Vec<String>, Vec<String>, i32)> {
-        (proptest::sample::select(SHAPES.to_vec()), 1u32..=3).prop_flat_map(move |(shape, n)| {
-            let all = advertised(&inventory(shape), shared(n));
-            let count = all.len();
-            proptest::sample::subsequence(all, 0..=count.min(max_offered)).prop_flat_map(
-                move |available| {
-                    let len = available.len();
-                    (
-                        Just(shape),
-                        Just(n),
-                        Just(available.clone()),
-                        proptest::sample::subsequence(available, 0..=len.min(3)),
-                        -1i32..=(len as i32 + 2),
-                    )
-                },
-            )
-        })
+    ) -> impl Strategy<Value = (Inventory, u32, Vec<String>, Vec<String>, i32)> {
+        let ids = proptest::sample::select(vec![DeviceIdStrategy::Ibdev, DeviceIdStrategy::Pci]);
+        (proptest::sample::select(SHAPES.to_vec()), ids, 1u32..=3).prop_flat_map(
+            move |(shape, ids, n)| {
+                let inventory = simulate::inventory_named(shape, ids);
+                let all = advertised(&inventory, shared(n));
+                let count = all.len();
+                proptest::sample::subsequence(all, 0..=count.min(max_offered)).prop_flat_map(
+                    move |available| {
+                        let len = available.len();
+                        (
+                            Just(inventory.clone()),
+                            Just(n),
+                            Just(available.clone()),
+                            proptest::sample::subsequence(available, 0..=len.min(3)),
+                            -1i32..=(len as i32 + 2),
+                        )
+                    },
+                )
+            },
+        )
     }
 
     proptest! {
         #[test]
         fn answers_keep_the_contract(
-            (shape, n, available, must, size) in offer(usize::MAX),
+            (inv, n, available, must, size) in offer(usize::MAX),
             foreign in proptest::collection::vec("[0-9a-f:.]{0,14}", 0..3),
             shuffle in any::<proptest::sample::Index>(),
         ) {
-            let inv = inventory(shape);
             let sharing = shared(n);
             let mut offered = available.clone();
             offered.extend(foreign.iter().cloned());
@@ -644,9 +657,8 @@ mod tests {
 
         #[test]
         fn answers_are_as_local_as_the_best_choice(
-            (shape, n, available, must, size) in offer(9),
+            (inv, n, available, must, size) in offer(9),
         ) {
-            let inv = inventory(shape);
             let sharing = shared(n);
             let answer = ask(&inv, sharing, &available, &must, size);
             let want = answer.len();

@@ -2,15 +2,15 @@
 //! hold one.
 //!
 //! The kubelet only counts and hands out IDs; it has no notion of a shared device. With
-//! `replicas: N` the EFA `0000:10:1b.0` is advertised as `0000:10:1b.0::0` … `0000:10:1b.0::<N-1>`,
+//! `replicas: N` the EFA `rdmap16s27` is advertised as `rdmap16s27::0` … `rdmap16s27::<N-1>`,
 //! each with the EFA's health and NUMA node, and every one of them opens the same uverbs node.
 
 use std::num::NonZeroU32;
 
 use serde::Serialize;
 
-/// Between an EFA's PCI address and its replica number. PCI addresses contain single colons
-/// only, so the split is unambiguous.
+/// Between an EFA's ID and its replica number. Neither ibdev names nor PCI addresses (single
+/// colons only) contain it, so the split is unambiguous.
 pub(crate) const SEPARATOR: &str = "::";
 
 /// Keeps the device list of the densest node (256 EFAs) to a few hundred kilobytes: the kubelet

@@ -10,7 +10,7 @@ use std::fs;
 use std::io;
 use std::path::{Component, Path, PathBuf};
 
-use crate::discovery::{DevNum, Efa};
+use crate::discovery::{DevNum, DeviceIdStrategy, Efa};
 use crate::state::{DeviceRecord, Inventory, Verdict};
 
 /// The kernel's static uverbs major; the first 32 nodes use minors from 192.
@@ -78,11 +78,20 @@ impl FakeDevice {
     /// The device as a scan of its simulated tree reads it, for tests and benchmarks that need
     /// no files.
     pub fn efa(&self) -> Efa {
+        self.efa_named(DeviceIdStrategy::default())
+    }
+
+    /// [`FakeDevice::efa`], with its ID under `ids`.
+    pub fn efa_named(&self, ids: DeviceIdStrategy) -> Efa {
         let mut pci_path = self.parents.join("/");
         pci_path.push('/');
         pci_path.push_str(&self.bdf);
         Efa {
-            id: self.bdf.clone(),
+            id: match ids {
+                DeviceIdStrategy::Ibdev => self.ibdev.clone(),
+                DeviceIdStrategy::Pci => self.bdf.clone(),
+            },
+            pci_address: self.bdf.clone(),
             ibdev: self.ibdev.clone(),
             uverbs: self.uverbs_name(),
             dev: self.dev,
@@ -252,11 +261,16 @@ pub fn devices(shape: Shape) -> Vec<FakeDevice> {
 /// The snapshot the health monitor would publish for `shape` with every EFA healthy, for tests
 /// and benchmarks of the allocation policy that need no files.
 pub fn inventory(shape: Shape) -> Inventory {
+    inventory_named(shape, DeviceIdStrategy::default())
+}
+
+/// [`inventory`], with IDs under `ids`.
+pub fn inventory_named(shape: Shape, ids: DeviceIdStrategy) -> Inventory {
     let records = devices(shape)
         .iter()
         .filter(|d| d.is_efa())
         .map(|d| DeviceRecord {
-            efa: d.efa(),
+            efa: d.efa_named(ids),
             verdict: Verdict::healthy(),
         })
         .collect();
@@ -513,8 +527,8 @@ mod tests {
                 .filter(|d| d.is_efa())
                 .map(FakeDevice::efa)
                 .collect();
-            expected.sort_by(|a, b| a.id.cmp(&b.id));
-            let scan = crate::discovery::scan(&node.sysfs);
+            expected.sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
+            let scan = crate::discovery::scan(&node.sysfs, DeviceIdStrategy::default());
             assert!(scan.problems.is_empty(), "{shape:?}: {:?}", scan.problems);
             assert_eq!(scan.devices, expected, "{shape:?}");
         }
