@@ -503,13 +503,16 @@ pod_events() {
 failed_scheduling() { pod_events "$1" | grep -q "FailedScheduling: .*Insufficient $RESOURCE"; }
 
 case_operator_cli() {
-	local pod out n
+	local pod out n=0 i
 	pod=$(ready_plugin_pod)
 	if ! out=$(kns exec "$pod" -- /efa-device-plugin --sysfs-root "$SYSFS_IN_POD" list 2>&1); then
 		REASON="kubectl exec $pod -- /efa-device-plugin list failed: $out"
 		return 1
 	fi
-	n=$(grep -c '0000:[0-9a-f][0-9a-f]:1b.0' <<<"$out")
+	# One row per EFA, naming it by its ID (the ibdev name) and its PCI address.
+	for i in "${!EFA_BUSES[@]}"; do
+		grep -E "^$(efa_ibdev "$i") .*$(efa_pci "$i")" <<<"$out" >/dev/null && n=$((n + 1))
+	done
 	if ((n != 4)); then
 		REASON="list printed $n devices, want 4: $(paste -sd'|' <<<"$out")"
 		return 1
@@ -537,7 +540,7 @@ case_metrics() {
 		return 1
 	fi
 	for id in "${HOLDER_IDS[@]}"; do
-		ibdev=rdmap$((16#$(cut -d: -f2 <<<"$id")))s27
+		ibdev=$(efa_ibdev "$(efa_index "$id")")
 		if grep -E "^efa_[a-z_]+_total\{" <<<"$metrics" | grep "device=\"$id\"" | grep "ibdev=\"$ibdev\"" |
 			grep 'namespace="default"' | grep 'pod="holder"' | grep -q 'container="probe"'; then
 			held=$((held + 1))
@@ -722,7 +725,7 @@ case_cdi() {
 		return 1
 	fi
 	spec_ids=$(python3 -c 'import json, sys; print(" ".join(sorted(d["name"] for d in json.load(open(sys.argv[1]))["devices"])))' "$CDI_SPEC")
-	want_ids=$(for i in "${!EFA_BUSES[@]}"; do efa_pci "$i"; done | sort | paste -sd' ')
+	want_ids=$(efa_ibdevs)
 	if [[ $spec_ids != "$want_ids" ]]; then
 		REASON="CDI spec devices [$spec_ids], want [$want_ids]"
 		return 1

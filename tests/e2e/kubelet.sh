@@ -204,11 +204,6 @@ allocated_ids() {
 	python3 "$HERE/lib/kubeinfo.py" allocated "$CHECKPOINT" "$1" "$RESOURCE" 2>/dev/null | paste -sd' '
 }
 
-all_ids() {
-	local i
-	for i in "${!EFA_BUSES[@]}"; do efa_pci "$i"; done | paste -sd' '
-}
-
 # wait_pod_running NAME COUNT: the pod runs, the checkpoint gives it COUNT
 # devices, and its container saw exactly their nodes. Sets POD_IDS.
 wait_pod_running() {
@@ -268,8 +263,8 @@ modified_since() { [[ -e $1 ]] && (($(stat -c %Y "$1") > $2)); }
 
 case_a() {
 	start_plugin
-	if ! wait_until 30 registered_is "$(all_ids)"; then
-		REASON="checkpoint lists [$(registered_ids)] under $RESOURCE after 30s, want [$(all_ids)]; kubelet registrations: $(registrations); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
+	if ! wait_until 30 registered_is "$(efa_ibdevs)"; then
+		REASON="checkpoint lists [$(registered_ids)] under $RESOURCE after 30s, want [$(efa_ibdevs)]; kubelet registrations: $(registrations); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
 		return 1
 	fi
 	if (($(registrations) != 1)); then
@@ -297,7 +292,7 @@ case_d() {
 	fi
 	# The restarted kubelet deleted the plugin's socket; the plugin has to
 	# notice the new kubelet.sock and register again.
-	if ! wait_until 60 registered_since 0 "$(all_ids)"; then
+	if ! wait_until 60 registered_since 0 "$(efa_ibdevs)"; then
 		REASON="plugin did not register with the restarted kubelet within 60s (registrations: $(registrations), checkpoint: [$(registered_ids)], dir: [$(find "$DP_DIR" -mindepth 1 -printf '%f ')]); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
 		return 1
 	fi
@@ -355,12 +350,11 @@ case_e() {
 
 case_f() {
 	local last_id three p
-	last_id=$(efa_pci 3)
+	last_id=$(efa_ibdev 3)
 	for p in b e; do
 		remove_pod "$p" || { REASON="pod $p still listed 60s after its manifest was removed"; return 1; }
 	done
-	three=$(efa_pci 0; efa_pci 1; efa_pci 2)
-	three=$(paste -sd' ' <<<"$three")
+	three=$(efa_ibdevs 0 1 2)
 	rm "$T/dev/infiniband/uverbs3"
 	if ! wait_until 30 registered_is "$three"; then
 		REASON="with $T/dev/infiniband/uverbs3 gone, checkpoint still lists [$(registered_ids)] after 30s, want [$three]"
@@ -370,8 +364,8 @@ case_f() {
 	wait_pod_rejected f1 4 || return 1
 	remove_pod f1
 	make_uverbs_node "$T/dev" 3
-	if ! wait_until 30 registered_is "$(all_ids)"; then
-		REASON="with uverbs3 restored, checkpoint lists [$(registered_ids)] after 30s, want [$(all_ids)] ($last_id healthy again)"
+	if ! wait_until 30 registered_is "$(efa_ibdevs)"; then
+		REASON="with uverbs3 restored, checkpoint lists [$(registered_ids)] after 30s, want [$(efa_ibdevs)] ($last_id healthy again)"
 		return 1
 	fi
 	write_pod f2 4

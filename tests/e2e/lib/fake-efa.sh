@@ -22,6 +22,14 @@ efa_pci() { printf '0000:%s:1b.0\n' "${EFA_BUSES[$1]}"; }
 # (ibdev), and the AWS plugin's.
 efa_ibdev() { printf 'rdmap%ds27\n' "$((16#${EFA_BUSES[$1]}))"; }
 
+# efa_ibdevs [INDEX...]: the ibdev names of the EFAs with those uverbs
+# indexes (all by default), sorted as the kubelet's checkpoint lists IDs, on
+# one line.
+efa_ibdevs() {
+	local i
+	for i in "${@:-${!EFA_BUSES[@]}}"; do efa_ibdev "$i"; done | sort | paste -sd' '
+}
+
 # uverbs index of the EFA whose device ID, under either strategy, is $1.
 efa_index() {
 	local i
