@@ -161,7 +161,7 @@ async fn allocate_against_the_floor(kubelet: &KubeletStub, devices: &[FakeDevice
     let mut client = kubelet.plugin().unwrap();
     let request = |n: usize| AllocateRequest {
         container_requests: vec![ContainerAllocateRequest {
-            devices_ids: devices.iter().take(n).map(|d| d.bdf.clone()).collect(),
+            devices_ids: devices.iter().take(n).map(|d| d.ibdev.clone()).collect(),
         }],
     };
     let (one, eight) = (request(1), request(8));

@@ -142,6 +142,7 @@ fn main() {
                 black_box(preferred::choose(
                     black_box(&inventory),
                     sharing,
+                    &std::collections::BTreeSet::new(),
                     black_box(&request),
                 ));
             });

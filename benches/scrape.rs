@@ -22,7 +22,6 @@ use efa_device_plugin::state::PluginStatus;
 use efa_device_plugin::telemetry::counters::CounterFiles;
 use efa_device_plugin::telemetry::http::MAX_CONNECTIONS;
 use efa_device_plugin::telemetry::metrics::Metrics;
-use efa_device_plugin::telemetry::pod_resources;
 use efa_device_plugin::testkit::kubelet_stub::KubeletStub;
 use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::Shape;
@@ -68,7 +67,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     h.spawn_plugin(&["--rescan-interval", "5s"]);
     h.registered().await;
     let address = h.metrics_address().await;
-    let id = h.efas()[0].bdf.clone();
+    let id = h.efas()[0].ibdev.clone();
     let text = http_get(address, "/metrics").await.1;
     let series = text
         .lines()
@@ -85,7 +84,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     let pairs: Vec<(String, String)> = h
         .efas()
         .iter()
-        .map(|d| (d.bdf.clone(), d.ibdev.clone()))
+        .map(|d| (d.ibdev.clone(), d.ibdev.clone()))
         .collect();
     let files = CounterFiles::new(&h.node.sysfs);
     let read = summary(
@@ -110,10 +109,8 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         &AllocationMetrics::default(),
         Arc::new(ScanStats::new(Duration::from_secs(5))),
         &h.node.sysfs,
-        Some(pod_resources::PodResources::new(
-            h.root.path().join("absent.sock"),
-            RESOURCE.into(),
-        )),
+        tokio::sync::watch::channel(Arc::default()).1,
+        true,
     );
     let render = summary(
         &timed(SCRAPES, || async {
@@ -121,7 +118,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         })
         .await,
     );
-    // With the kubelet's PodResources answering, each scrape also asks it who holds what.
+    // With the kubelet's PodResources answering, each scrape labels the counters with their holders.
     let holders: Vec<PodResources> = h
         .efas()
         .iter()
@@ -132,7 +129,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
                 &format!("trainer-{i}"),
                 "main",
                 RESOURCE,
-                &[d.bdf.as_str()],
+                &[d.ibdev.as_str()],
             )
         })
         .collect();
@@ -156,6 +153,16 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         }
     });
     started.recv().expect("PodResources started");
+    // The plugin polls PodResources in the background; scrapes only read what it last saw.
+    let labelled = Instant::now();
+    while !http_get(address, "/metrics")
+        .await
+        .1
+        .contains("pod=\"trainer-0\"")
+    {
+        assert!(labelled.elapsed() < Duration::from_secs(15), "no pod labels");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let attributed = summary(
         &timed(SCRAPES, || async {
             let text = http_get(address, "/metrics").await.1;

@@ -18,8 +18,7 @@ use crate::config::{DeviceListStrategy, Settings};
 use crate::conflict::Guard;
 use crate::health::{Monitor, ScanStats};
 use crate::lifecycle::Lifecycle;
-use crate::state::DeviceState;
-use crate::state::PluginStatus;
+use crate::state::{DeviceState, Holdings, PluginStatus};
 use crate::telemetry::http::{self, Endpoint};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::pod_resources::PodResources;
@@ -29,6 +28,7 @@ use crate::telemetry::pod_resources::PodResources;
 pub(crate) struct Plugin {
     pub state: DeviceState,
     pub status: Arc<watch::Sender<PluginStatus>>,
+    pub holdings: Arc<watch::Sender<Arc<Holdings>>>,
 }
 
 impl Plugin {
@@ -36,6 +36,7 @@ impl Plugin {
         Plugin {
             state: DeviceState::default(),
             status: Arc::new(watch::Sender::new(PluginStatus::default())),
+            holdings: Arc::new(watch::Sender::new(Arc::default())),
         }
     }
 
@@ -94,6 +95,29 @@ impl Plugin {
         if let Some(guard) = self.start_guard(settings).await {
             tasks.spawn("DRA-conflict guard", guard.run(shutdown.clone()));
         }
+        tasks.spawn(
+            "PodResources view",
+            PodResources::new(
+                settings.pod_resources_socket.clone(),
+                settings.resource_name.clone(),
+            )
+            .run(
+                self.state.reader(),
+                settings.sharing,
+                settings.rescan_interval,
+                self.holdings.clone(),
+                shutdown.clone(),
+            ),
+        );
+        let competitors = crate::competitor::Watch {
+            dir: settings.device_plugin_dir.clone(),
+            sockets: settings.competing_plugin_sockets.clone(),
+            interval: settings.rescan_interval,
+            status: self.status.clone(),
+        };
+        // Known before the first registration, so /readyz and the gauge tell from the start.
+        competitors.refresh().await;
+        tasks.spawn("competing-plugin watch", competitors.run(shutdown.clone()));
         if let Some(path) = &settings.nfd_features_file {
             tasks.spawn(
                 "NFD feature file writer",
@@ -144,7 +168,8 @@ impl Plugin {
             allocator: Arc::new(
                 Allocator::new(contributors)
                     .with_sharing(settings.sharing)
-                    .with_metrics(allocations),
+                    .with_metrics(allocations)
+                    .with_holdings(self.holdings.subscribe()),
             ),
             status: self.status.clone(),
         };
@@ -183,12 +208,8 @@ impl Plugin {
             allocations,
             scans.clone(),
             &settings.sysfs_root,
-            settings.counter_pod_labels.then(|| {
-                PodResources::new(
-                    settings.pod_resources_socket.clone(),
-                    settings.resource_name.clone(),
-                )
-            }),
+            self.holdings.subscribe(),
+            settings.counter_pod_labels,
         );
         if let Some(failures) = cdi_failures {
             metrics.register_counter(

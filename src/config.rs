@@ -140,6 +140,12 @@ settings! {
     /// plugin and CloudWatch know it) or pci (its PCI address).
     device_id_strategy: DeviceIdStrategy = Setting::choice("device-id-strategy",
         "EFA_DP_DEVICE_ID_STRATEGY", "DEVICE_ID_STRATEGY", "ibdev");
+    /// Socket names, in the device-plugin dir, of other plugins for this resource (the AWS
+    /// plugin's by default); while one accepts connections, this plugin does not take the
+    /// resource back from it.
+    competing_plugin_sockets: Vec<String> = Setting::list("competing-plugin-sockets",
+        "EFA_DP_COMPETING_PLUGIN_SOCKETS", "NAME,...", "aws-efa-device-plugin.sock",
+        parse_socket_names);
     /// How often to rescan sysfs (e.g. 500ms, 2s, 1m).
     #[serde(serialize_with = "serialize_duration")]
     rescan_interval: Duration = Setting::new("rescan-interval", "EFA_DP_RESCAN_INTERVAL",
@@ -666,6 +672,20 @@ fn comma_list(text: &str) -> Vec<String> {
         .filter(|item| !item.is_empty())
         .map(str::to_owned)
         .collect()
+}
+
+/// Comma-separated file names inside the device-plugin dir, e.g. `aws-efa-device-plugin.sock`.
+pub(crate) fn parse_socket_names(text: &str) -> Result<Vec<String>, String> {
+    let names = comma_list(text);
+    match names
+        .iter()
+        .find(|name| name.contains('/') || *name == "." || *name == "..")
+    {
+        Some(name) => Err(format!(
+            "invalid socket name {name:?}: a file name in the device-plugin dir, without '/'"
+        )),
+        None => Ok(names),
+    }
 }
 
 pub(crate) fn parse_bool(text: &str) -> Result<bool, String> {

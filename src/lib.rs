@@ -7,6 +7,7 @@
 pub mod allocation;
 pub mod app;
 pub(crate) mod cdi;
+pub(crate) mod competitor;
 pub mod config;
 pub(crate) mod conflict;
 #[cfg(feature = "demo")]

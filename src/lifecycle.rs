@@ -192,6 +192,13 @@ impl Lifecycle {
             generation.stop().await;
             let pause = match ended {
                 Ending::Shutdown => return Ok(()),
+                Ending::StreamEnded if self.competitor().is_some() => {
+                    if !self.stand_down(&shutdown).await {
+                        return Ok(());
+                    }
+                    churn.settle();
+                    continue;
+                }
                 Ending::StreamEnded => churn.stream_ended(),
                 _ => {
                     churn.settle();
@@ -207,6 +214,29 @@ impl Lifecycle {
                     .await
             {
                 return Ok(());
+            }
+        }
+    }
+
+    fn competitor(&self) -> Option<String> {
+        self.status.borrow().competitor.clone()
+    }
+
+    /// The kubelet gave the resource to a competing plugin: leave it there until that plugin's
+    /// socket goes, instead of taking it back and being taken from in turn. Returns false on
+    /// shutdown.
+    async fn stand_down(&self, shutdown: &CancellationToken) -> bool {
+        tracing::error!(
+            competitor = self.competitor().unwrap_or_default(),
+            "the kubelet ended this plugin's stream in favour of a competing device plugin; \
+             not registering again until that plugin's socket goes"
+        );
+        let mut status = self.status.subscribe();
+        tokio::select! {
+            _ = shutdown.cancelled() => false,
+            gone = status.wait_for(|s| s.competitor.is_none()) => {
+                tracing::info!("the competing device plugin is gone; registering again");
+                gone.is_ok()
             }
         }
     }

@@ -207,12 +207,53 @@ impl Observation {
     }
 }
 
-/// What the rest of the process may know about the registration: written by the lifecycle,
-/// read by the probes and metrics.
+/// A container that holds a device.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Holder {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+/// Device id → the containers holding it, sorted.
+pub type Holders = BTreeMap<String, Vec<Holder>>;
+
+/// IDs a container holds under this plugin's resource name that this plugin does not advertise:
+/// given out by the AWS plugin, or by this one under another ID strategy or sharing count.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForeignHold {
+    pub holder: Holder,
+    pub ids: Vec<String>,
+}
+
+/// Who holds which EFA, as the kubelet's PodResources API last said. Written by the background
+/// poller alone, so nothing on the Allocate path waits on the kubelet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holdings {
+    /// Whether the kubelet answered the last time it was asked.
+    pub known: bool,
+    /// Advertised device id → the containers holding it, under its own ID or a foreign one.
+    pub holders: Holders,
+    pub foreign: Vec<ForeignHold>,
+    /// The advertised device ids that foreign IDs map to: the kubelet counts them as free.
+    pub foreign_devices: std::collections::BTreeSet<String>,
+}
+
+impl Holdings {
+    /// How many foreign IDs are held.
+    pub fn foreign_ids(&self) -> usize {
+        self.foreign.iter().map(|f| f.ids.len()).sum()
+    }
+}
+
+/// What the rest of the process may know about the registration: written by the lifecycle
+/// (and, for `competitor`, the competing-plugin watch), read by the probes and metrics.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PluginStatus {
     pub registered: bool,
     pub open_streams: usize,
+    /// The socket of another plugin for this resource that accepts connections.
+    pub competitor: Option<String>,
     pub registrations: u64,
     pub kubelet_restarts: u64,
 }

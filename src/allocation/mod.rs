@@ -21,9 +21,10 @@ use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
-use crate::state::Inventory;
+use crate::state::{Holdings, Inventory};
 use metrics::AllocationMetrics;
 use sharing::Sharing;
+use tokio::sync::watch;
 
 /// Where the container finds a device node. It must equal the host's own path, because
 /// libibverbs pairs `/sys/class/infiniband_verbs/uverbsN` with `/dev/infiniband/uverbsN`.
@@ -87,6 +88,7 @@ pub struct Allocator {
     contributors: Vec<Box<dyn Contributor>>,
     sharing: Sharing,
     metrics: Option<Arc<AllocationMetrics>>,
+    holdings: Option<watch::Receiver<Arc<Holdings>>>,
 }
 
 impl Allocator {
@@ -95,7 +97,15 @@ impl Allocator {
             contributors,
             sharing: Sharing::default(),
             metrics: None,
+            holdings: None,
         }
+    }
+
+    /// Steers preferred allocations away from EFAs that pods hold under foreign IDs, as the
+    /// background PodResources view last saw them.
+    pub fn with_holdings(mut self, holdings: watch::Receiver<Arc<Holdings>>) -> Self {
+        self.holdings = Some(holdings);
+        self
     }
 
     /// Serves the IDs `sharing` advertises instead of one per EFA.
@@ -118,7 +128,14 @@ impl Allocator {
         inventory: &Inventory,
         request: &PreferredAllocationRequest,
     ) -> PreferredAllocationResponse {
-        preferred::respond(inventory, self.sharing, request)
+        let holdings = self.holdings.as_ref().map(|h| h.borrow().clone());
+        let foreign_held = holdings.as_ref().map(|h| &h.foreign_devices);
+        preferred::respond(
+            inventory,
+            self.sharing,
+            foreign_held.unwrap_or(&BTreeSet::new()),
+            request,
+        )
     }
 
     pub fn allocate(

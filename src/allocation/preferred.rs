@@ -1,6 +1,9 @@
 //! GetPreferredAllocation: which of the IDs the kubelet offers a container should get.
 //!
 //! The choice minimises, in this order:
+//! 0. EFAs that a pod holds under a foreign ID (one this plugin does not advertise, say the AWS
+//!    plugin's): the kubelet counts them as free, so they are chosen only when nothing else can
+//!    satisfy the request;
 //! 1. replicas of an EFA already chosen: with sharing on, a second ID of the same EFA opens the
 //!    same uverbs node and adds no bandwidth, so distinct EFAs come first;
 //! 2. NUMA nodes;
@@ -28,9 +31,12 @@ use crate::state::Inventory;
 
 /// Bridge levels that count; deeper ones are rare and lie below all of these anyway.
 const MAX_BRIDGES: usize = 8;
-/// Cost slots: extra replicas, NUMA nodes, then one per bridge level.
-const LEVELS: usize = MAX_BRIDGES + 2;
-const EXTRA_REPLICAS: usize = 0;
+/// Cost slots: foreign-held EFAs, extra replicas, NUMA nodes, then one per bridge level.
+const LEVELS: usize = MAX_BRIDGES + 3;
+const FOREIGN_HELD: usize = 0;
+const EXTRA_REPLICAS: usize = 1;
+/// The slot of the NUMA level; bridge level `i` is the slot `NUMA + i`.
+const NUMA: usize = 2;
 
 /// How many of each kind of thing a choice spans, most important first; compared as a whole.
 type Cost = [u32; LEVELS];
@@ -39,6 +45,7 @@ type Cost = [u32; LEVELS];
 pub(crate) fn respond(
     inventory: &Inventory,
     sharing: Sharing,
+    foreign_held: &BTreeSet<String>,
     request: &PreferredAllocationRequest,
 ) -> PreferredAllocationResponse {
     PreferredAllocationResponse {
@@ -46,7 +53,7 @@ pub(crate) fn respond(
             .container_requests
             .iter()
             .map(|container| ContainerPreferredAllocationResponse {
-                device_i_ds: choose(inventory, sharing, container),
+                device_i_ds: choose(inventory, sharing, foreign_held, container),
             })
             .collect(),
     }
@@ -54,14 +61,16 @@ pub(crate) fn respond(
 
 /// The preferred IDs for one container, sorted: `allocation_size` of them when the offer holds
 /// that many usable ones, always including every offered must-include ID this plugin knows
-/// (even past the size: the kubelet gives those to the container regardless).
+/// (even past the size: the kubelet gives those to the container regardless). `foreign_held`
+/// names the EFAs (by advertised device id) that pods hold under foreign IDs.
 pub fn choose(
     inventory: &Inventory,
     sharing: Sharing,
+    foreign_held: &BTreeSet<String>,
     request: &ContainerPreferredAllocationRequest,
 ) -> Vec<String> {
     let size = usize::try_from(request.allocation_size).unwrap_or(0);
-    let candidates = candidates(inventory, sharing, request);
+    let candidates = candidates(inventory, sharing, foreign_held, request);
     let total: usize = candidates.iter().map(|c| c.replicas.len()).sum();
     let forced: usize = candidates.iter().map(Candidate::forced).sum();
     let want = size.min(total);
@@ -96,6 +105,8 @@ struct Candidate<'a> {
     device: &'a str,
     /// The PCI address, so ties go to lower addresses whatever the ID strategy.
     address: &'a str,
+    /// A pod holds it under a foreign ID.
+    foreign_held: bool,
     numa: Option<u32>,
     /// The bridges above the PCI function, outermost first.
     bridges: Vec<&'a str>,
@@ -137,6 +148,7 @@ impl<'a> Candidate<'a> {
 fn candidates<'a>(
     inventory: &'a Inventory,
     sharing: Sharing,
+    foreign_held: &BTreeSet<String>,
     request: &'a ContainerPreferredAllocationRequest,
 ) -> Vec<Candidate<'a>> {
     let must: BTreeSet<&str> = request
@@ -170,6 +182,7 @@ fn candidates<'a>(
                 Candidate {
                     device: &efa.id,
                     address: &efa.pci_address,
+                    foreign_held: foreign_held.contains(&efa.id),
                     numa: efa.numa_node,
                     bridges,
                     replicas: Vec::new(),
@@ -255,7 +268,7 @@ impl Node {
                 );
                 // Using the group at all costs one at its level.
                 for cost in part.best.iter_mut().skip(1).flatten() {
-                    cost[depth + 1] += 1;
+                    cost[NUMA + depth] += 1;
                 }
                 parts.push(part);
                 start = end;
@@ -275,6 +288,7 @@ impl Node {
             .map(|count| {
                 (count >= forced).then(|| {
                     let mut cost = Cost::default();
+                    cost[FOREIGN_HELD] = u32::from(candidate.foreign_held && count > 0);
                     cost[EXTRA_REPLICAS] = count.saturating_sub(1) as u32;
                     cost
                 })
@@ -371,9 +385,21 @@ mod tests {
         must: &[String],
         size: i32,
     ) -> Vec<String> {
+        ask_avoiding(inventory, sharing, &BTreeSet::new(), available, must, size)
+    }
+
+    fn ask_avoiding(
+        inventory: &Inventory,
+        sharing: Sharing,
+        foreign_held: &BTreeSet<String>,
+        available: &[String],
+        must: &[String],
+        size: i32,
+    ) -> Vec<String> {
         choose(
             inventory,
             sharing,
+            foreign_held,
             &ContainerPreferredAllocationRequest {
                 available_device_i_ds: available.to_vec(),
                 must_include_device_i_ds: must.to_vec(),
@@ -390,15 +416,24 @@ mod tests {
         &inventory.get(sharing.parse(id).unwrap().0).unwrap().efa
     }
 
-    /// The objective computed directly from the chosen IDs: extra replicas, NUMA nodes, then
-    /// distinct path prefixes at each bridge depth.
-    fn cost(inventory: &Inventory, sharing: Sharing, chosen: &[String]) -> Vec<usize> {
+    /// The objective computed directly from the chosen IDs: foreign-held EFAs, extra replicas,
+    /// NUMA nodes, then distinct path prefixes at each bridge depth.
+    fn cost(
+        inventory: &Inventory,
+        sharing: Sharing,
+        foreign_held: &BTreeSet<String>,
+        chosen: &[String],
+    ) -> Vec<usize> {
         let devices: BTreeMap<&str, &Efa> = chosen
             .iter()
             .map(|id| efa(inventory, sharing, id))
             .map(|efa| (efa.id.as_str(), efa))
             .collect();
-        let mut cost = vec![chosen.len() - devices.len()];
+        let held = devices
+            .keys()
+            .filter(|id| foreign_held.contains(**id))
+            .count();
+        let mut cost = vec![held, chosen.len() - devices.len()];
         let numa: BTreeSet<Option<u32>> = devices.values().map(|e| e.numa_node).collect();
         cost.push(numa.len());
         for depth in 1..=MAX_BRIDGES {
@@ -560,6 +595,28 @@ mod tests {
     }
 
     #[test]
+    fn efas_held_under_foreign_ids_are_chosen_last() {
+        let inv = inventory(Shape::P4d);
+        let all = advertised(&inv, Sharing::default());
+        // A pod from before a migration holds both NUMA-0 EFAs under the AWS plugin's IDs.
+        let held: BTreeSet<String> = ids(&["0000:10:1b.0", "0000:20:1b.0"]).into_iter().collect();
+        let avoiding = |size| ask_avoiding(&inv, Sharing::default(), &held, &all, &[], size);
+        assert_eq!(avoiding(2), ["0000:90:1b.0", "0000:a0:1b.0"]);
+        assert_eq!(avoiding(1), ["0000:90:1b.0"]);
+        // Past the free ones, as few held EFAs as the request needs.
+        let three = avoiding(3);
+        assert_eq!(
+            three.iter().filter(|id| held.contains(*id)).count(),
+            1,
+            "{three:?}"
+        );
+        // What the kubelet requires is still given.
+        let must = ids(&["0000:10:1b.0"]);
+        let forced = ask_avoiding(&inv, Sharing::default(), &held, &all, &must, 2);
+        assert!(forced.contains(&must[0]), "{forced:?}");
+    }
+
+    #[test]
     fn unhealthy_efas_are_left_out_unless_required() {
         let mut records: Vec<DeviceRecord> = inventory(Shape::P4d).devices().cloned().collect();
         records[0].verdict = Verdict::unhealthy("node missing");
@@ -658,9 +715,16 @@ mod tests {
         #[test]
         fn answers_are_as_local_as_the_best_choice(
             (inv, n, available, must, size) in offer(9),
+            held in proptest::collection::vec(any::<proptest::sample::Index>(), 0..3),
         ) {
             let sharing = shared(n);
-            let answer = ask(&inv, sharing, &available, &must, size);
+            let ids: Vec<&String> = inv.devices().map(|r| &r.efa.id).collect();
+            let foreign_held: BTreeSet<String> = held
+                .iter()
+                .filter(|_| !ids.is_empty())
+                .map(|i| ids[i.index(ids.len())].clone())
+                .collect();
+            let answer = ask_avoiding(&inv, sharing, &foreign_held, &available, &must, size);
             let want = answer.len();
             let mut best: Option<Vec<usize>> = None;
             for mask in 0u32..(1 << available.len()) {
@@ -674,12 +738,12 @@ mod tests {
                 if must.iter().any(|id| !pick.contains(id)) {
                     continue;
                 }
-                let c = cost(&inv, sharing, &pick);
+                let c = cost(&inv, sharing, &foreign_held, &pick);
                 if best.as_ref().is_none_or(|b| c < *b) {
                     best = Some(c);
                 }
             }
-            prop_assert_eq!(Some(cost(&inv, sharing, &answer)), best);
+            prop_assert_eq!(Some(cost(&inv, sharing, &foreign_held, &answer)), best);
         }
     }
 }

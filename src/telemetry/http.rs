@@ -50,15 +50,22 @@ pub struct Endpoint {
 }
 
 /// Why the plugin is not ready, if it is not: the kubelet must hold a registration and an open
-/// ListAndWatch stream, or it cannot see the devices.
-pub(crate) fn readiness(status: &PluginStatus) -> Result<(), &'static str> {
-    if !status.registered {
-        Err("not registered with the kubelet")
+/// ListAndWatch stream, or it cannot see the devices. A competing plugin is named, as the likely
+/// reason the kubelet holds no stream of ours.
+pub(crate) fn readiness(status: &PluginStatus) -> Result<(), String> {
+    let why = if !status.registered {
+        "not registered with the kubelet"
     } else if status.open_streams == 0 {
-        Err("registered, but the kubelet has no ListAndWatch stream open")
+        "registered, but the kubelet has no ListAndWatch stream open"
     } else {
-        Ok(())
-    }
+        return Ok(());
+    };
+    Err(match &status.competitor {
+        Some(socket) => format!(
+            "{why}: the competing device plugin {socket} serves the resource; uninstall one of them"
+        ),
+        None => why.to_owned(),
+    })
 }
 
 impl Endpoint {
@@ -77,7 +84,7 @@ impl Endpoint {
             },
             "/readyz" => match readiness(&self.status.borrow()) {
                 Ok(()) => plain(StatusCode::OK, "ok"),
-                Err(reason) => plain(StatusCode::SERVICE_UNAVAILABLE, reason),
+                Err(reason) => plain(StatusCode::SERVICE_UNAVAILABLE, &reason),
             },
             _ => plain(
                 StatusCode::NOT_FOUND,
@@ -152,7 +159,17 @@ mod tests {
     #[test]
     fn ready_only_when_registered_with_a_stream_open() {
         let mut status = PluginStatus::default();
-        assert_eq!(readiness(&status), Err("not registered with the kubelet"));
+        assert_eq!(
+            readiness(&status),
+            Err("not registered with the kubelet".to_owned())
+        );
+        status.competitor = Some("aws-efa-device-plugin.sock".into());
+        assert!(
+            readiness(&status)
+                .unwrap_err()
+                .contains("competing device plugin aws-efa-device-plugin.sock")
+        );
+        status.competitor = None;
         status.registered = true;
         assert!(readiness(&status).unwrap_err().contains("ListAndWatch"));
         status.open_streams = 1;

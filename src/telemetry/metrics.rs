@@ -18,10 +18,9 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use super::counters::{CounterFiles, DeviceCounters};
-use super::pod_resources::{Holders, PodResources};
 use crate::allocation::metrics::AllocationMetrics;
 use crate::health::ScanStats;
-use crate::state::{DeviceReader, PluginStatus};
+use crate::state::{DeviceReader, Holder, Holders, Holdings, PluginStatus};
 
 /// The `Content-Type` of what [`Metrics::render`] returns.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -31,8 +30,9 @@ pub struct Metrics {
     registry: Registry,
     state: DeviceReader,
     counters: Arc<CounterFiles>,
-    /// `None` when counters carry no pod labels: the kubelet is then never asked.
-    pods: Option<PodResources>,
+    holdings: watch::Receiver<Arc<Holdings>>,
+    /// Whether the counters carry the holders' pod labels.
+    pod_labels: bool,
 }
 
 impl Metrics {
@@ -42,7 +42,8 @@ impl Metrics {
         allocations: &AllocationMetrics,
         scans: Arc<ScanStats>,
         sysfs_root: &Path,
-        pods: Option<PodResources>,
+        holdings: watch::Receiver<Arc<Holdings>>,
+        pod_labels: bool,
     ) -> Self {
         let mut registry = Registry::default();
         allocations.register(&mut registry);
@@ -50,12 +51,14 @@ impl Metrics {
             state: state.clone(),
             status,
             scans,
+            holdings: holdings.clone(),
         }));
         Metrics {
             registry,
             state,
             counters: Arc::new(CounterFiles::new(sysfs_root)),
-            pods,
+            holdings,
+            pod_labels,
         }
     }
 
@@ -73,13 +76,15 @@ impl Metrics {
             .map(|d| (d.efa.id.clone(), d.efa.ibdev.clone()))
             .collect();
         let counters = self.counters.clone();
-        let (holders_tx, holders_rx) = tokio::sync::oneshot::channel();
+        let holders = if self.pod_labels {
+            self.holdings.borrow().holders.clone()
+        } else {
+            Holders::new()
+        };
         // Reading and encoding 600 counter series is the bulk of a scrape; done off the
-        // runtime thread, it cannot delay an Allocate, and the reads overlap the kubelet's
-        // answer about pods.
+        // runtime thread, it cannot delay an Allocate.
         let hardware = tokio::task::spawn_blocking(move || {
             let read = counters.read(&devices);
-            let holders: Holders = holders_rx.blocking_recv().unwrap_or_default();
             let mut scrape = Registry::default();
             scrape.register_collector(Box::new(HwCounters::new(read, &holders)));
             let mut text = String::with_capacity(64 * 1024);
@@ -87,11 +92,6 @@ impl Metrics {
             let _ = prometheus_text::encode(&mut text, &scrape);
             text
         });
-        let holders = match &self.pods {
-            Some(pods) => pods.holders().await,
-            None => Holders::new(),
-        };
-        let _ = holders_tx.send(holders);
         let hardware = hardware.await.unwrap_or_else(|err| {
             tracing::error!(error = %err, "reading the EFA hardware counters failed; this scrape has none");
             String::new()
@@ -108,6 +108,7 @@ struct PluginCollector {
     state: DeviceReader,
     status: watch::Receiver<PluginStatus>,
     scans: Arc<ScanStats>,
+    holdings: watch::Receiver<Arc<Holdings>>,
 }
 
 impl fmt::Debug for PluginCollector {
@@ -179,6 +180,30 @@ impl Collector for PluginCollector {
                 MetricType::Gauge,
             )?,
         )?;
+        let foreign = self.holdings.borrow().foreign_ids();
+        let gauges = [
+            (
+                "efa_device_plugin_competing_plugin",
+                "1 while another device plugin for this resource serves its socket in the \
+                 device-plugin dir; the plugin then does not take the resource back from it",
+                i64::from(status.competitor.is_some()),
+            ),
+            (
+                "efa_device_plugin_foreign_allocations",
+                "IDs that pods hold under this resource but this plugin does not advertise \
+                 (from another plugin, ID strategy or sharing count); the kubelet counts their \
+                 EFAs as free",
+                i64::try_from(foreign).unwrap_or(i64::MAX),
+            ),
+        ];
+        for (name, help, value) in gauges {
+            ConstGauge::new(value).encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                MetricType::Gauge,
+            )?)?;
+        }
         Ok(())
     }
 }
@@ -216,9 +241,8 @@ fn device_labels(device: &DeviceCounters, holders: &Holders) -> Labels {
         ("ibdev", device.ibdev.clone()),
     ];
     if let Some(list) = holders.get(&device.device).filter(|l| !l.is_empty()) {
-        let join = |field: fn(&super::pod_resources::Holder) -> &str| {
-            list.iter().map(field).collect::<Vec<_>>().join(",")
-        };
+        let join =
+            |field: fn(&Holder) -> &str| list.iter().map(field).collect::<Vec<_>>().join(",");
         labels.push(("namespace", join(|h| &h.namespace)));
         labels.push(("pod", join(|h| &h.pod)));
         labels.push(("container", join(|h| &h.container)));

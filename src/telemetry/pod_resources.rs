@@ -1,39 +1,34 @@
-//! Which pod holds which EFA, from the kubelet's PodResources API, to label traffic with its pod.
+//! Which pod holds which EFA, from the kubelet's PodResources API: to label traffic with its
+//! pod, and to find IDs the kubelet counts as free although a pod holds their EFA.
 //!
-//! Asked once per scrape with a short deadline: a slow or absent kubelet costs the scrape its
-//! pod labels, never the scrape itself.
+//! Polled in the background every rescan interval with a short deadline, into a
+//! [`Holdings`] snapshot that scrapes and GetPreferredAllocation read without waiting: a slow or
+//! absent kubelet costs the labels and the foreign-ID view, never a scrape or an allocation.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
-use crate::allocation::sharing;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::allocation::sharing::{self, Sharing};
 use crate::proto::podresources::{
     ListPodResourcesRequest, ListPodResourcesResponse,
     pod_resources_lister_client::PodResourcesListerClient,
 };
+use crate::state::{DeviceReader, ForeignHold, Holder, Holdings, Inventory};
 use crate::uds;
 
-/// How long a scrape waits for the kubelet's answer.
+/// How long one poll waits for the kubelet's answer.
 pub(crate) const LIST_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// A container that holds a device.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Holder {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-}
-
-/// Device id → the containers holding it, sorted.
-pub(crate) type Holders = BTreeMap<String, Vec<Holder>>;
 
 pub struct PodResources {
     socket: PathBuf,
     resource_name: String,
-    /// Whether the last lookup worked, so a failure is logged when it starts, not per scrape.
-    last_ok: Mutex<Option<bool>>,
+    /// Whether the last lookup worked, so a failure is logged when it starts, not per poll.
+    last_ok: Option<bool>,
 }
 
 impl PodResources {
@@ -41,41 +36,38 @@ impl PodResources {
         PodResources {
             socket,
             resource_name,
-            last_ok: Mutex::new(None),
+            last_ok: None,
         }
     }
 
-    /// The current holders of this resource's devices; empty when the kubelet cannot tell.
-    pub async fn holders(&self) -> Holders {
-        // Without the socket (not mounted, or no kubelet) attribution is simply off.
+    /// The kubelet's answer; `None` when it cannot tell.
+    async fn poll(&mut self) -> Option<ListPodResourcesResponse> {
+        // Without the socket (not mounted, or no kubelet) the view is simply empty.
         if !self.socket.exists() {
-            return Holders::new();
+            return None;
         }
-        let listed = tokio::time::timeout(LIST_TIMEOUT, self.list()).await;
-        let outcome = match listed {
-            Ok(Ok(response)) => Ok(holders_of(&response, &self.resource_name)),
-            Ok(Err(err)) => Err(err),
+        let outcome = match tokio::time::timeout(LIST_TIMEOUT, self.list()).await {
+            Ok(result) => result,
             Err(_) => Err(format!("no answer within {LIST_TIMEOUT:?}")),
         };
-        let mut last_ok = self.last_ok.lock().unwrap_or_else(|p| p.into_inner());
         match outcome {
-            Ok(holders) => {
-                if *last_ok == Some(false) {
-                    tracing::info!(socket = %self.socket.display(), "pod attribution works again");
+            Ok(response) => {
+                if self.last_ok == Some(false) {
+                    tracing::info!(socket = %self.socket.display(), "pod resources can be listed again");
                 }
-                *last_ok = Some(true);
-                holders
+                self.last_ok = Some(true);
+                Some(response)
             }
             Err(err) => {
-                if *last_ok != Some(false) {
+                if self.last_ok != Some(false) {
                     tracing::warn!(
                         socket = %self.socket.display(),
                         error = %err,
-                        "cannot list pod resources; EFA counters carry no pod labels"
+                        "cannot list pod resources; EFA counters carry no pod labels and foreign IDs go unseen"
                     );
                 }
-                *last_ok = Some(false);
-                Holders::new()
+                self.last_ok = Some(false);
+                None
             }
         }
     }
@@ -90,73 +82,228 @@ impl PodResources {
             .map(tonic::Response::into_inner)
             .map_err(|status| format!("List: {}", status.message()))
     }
+
+    /// Keeps `holdings` current until `shutdown`: a poll at once, then every `interval`.
+    /// Warns once per pod that holds foreign IDs, while it holds them.
+    pub(crate) async fn run(
+        mut self,
+        state: DeviceReader,
+        sharing: Sharing,
+        interval: Duration,
+        holdings: Arc<watch::Sender<Arc<Holdings>>>,
+        shutdown: CancellationToken,
+    ) {
+        let mut warned: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let next = match self.poll().await {
+                Some(response) => derive(&response, &self.resource_name, &state.current(), sharing),
+                None => Holdings::default(),
+            };
+            warn_of_foreign(&next, &mut warned);
+            holdings.send_if_modified(|now| {
+                let changed = **now != next;
+                if changed {
+                    *now = Arc::new(next);
+                }
+                changed
+            });
+        }
+    }
 }
 
-/// Maps device ids of `resource_name` to their holders; every replica of a shared device
-/// counts for the device.
-pub(crate) fn holders_of(response: &ListPodResourcesResponse, resource_name: &str) -> Holders {
-    let mut holders = Holders::new();
+/// One warning per pod when it is first seen holding foreign IDs; a pod that stops holding
+/// them and starts again is warned of again.
+fn warn_of_foreign(holdings: &Holdings, warned: &mut BTreeSet<(String, String)>) {
+    let mut by_pod: BTreeMap<(String, String), Vec<&str>> = BTreeMap::new();
+    for hold in &holdings.foreign {
+        let pod = (hold.holder.namespace.clone(), hold.holder.pod.clone());
+        by_pod
+            .entry(pod)
+            .or_default()
+            .extend(hold.ids.iter().map(String::as_str));
+    }
+    for ((namespace, pod), ids) in &by_pod {
+        if !warned.contains(&(namespace.clone(), pod.clone())) {
+            tracing::warn!(
+                %namespace,
+                %pod,
+                ids = %ids.join(","),
+                "a pod holds EFAs under IDs this plugin does not advertise; the kubelet counts those EFAs as free, so preferred allocations avoid them"
+            );
+        }
+    }
+    *warned = by_pod.into_keys().collect();
+}
+
+/// What `response` says about `resource_name`'s devices in `inventory`: who holds each one,
+/// under an advertised ID or another name of the same EFA, and which held IDs are foreign.
+pub(crate) fn derive(
+    response: &ListPodResourcesResponse,
+    resource_name: &str,
+    inventory: &Inventory,
+    sharing: Sharing,
+) -> Holdings {
+    let names = Names::of(inventory);
+    let mut holdings = Holdings {
+        known: true,
+        ..Holdings::default()
+    };
     for pod in &response.pod_resources {
         for container in &pod.containers {
+            let holder = Holder {
+                namespace: pod.namespace.clone(),
+                pod: pod.name.clone(),
+                container: container.name.clone(),
+            };
+            let mut foreign = Vec::new();
             let ids = container
                 .devices
                 .iter()
                 .filter(|d| d.resource_name == resource_name)
                 .flat_map(|d| &d.device_ids);
             for id in ids {
-                let device = sharing::device_of(id);
-                holders.entry(device.to_owned()).or_default().push(Holder {
-                    namespace: pod.namespace.clone(),
-                    pod: pod.name.clone(),
-                    container: container.name.clone(),
+                let advertised = sharing
+                    .parse(id)
+                    .is_some_and(|(device, _)| inventory.get(device).is_some());
+                let device = names.device_of(id);
+                if let Some(device) = device {
+                    holdings
+                        .holders
+                        .entry(device.to_owned())
+                        .or_default()
+                        .push(holder.clone());
+                }
+                if !advertised {
+                    foreign.push(id.clone());
+                    holdings.foreign_devices.extend(device.map(str::to_owned));
+                }
+            }
+            if !foreign.is_empty() {
+                holdings.foreign.push(ForeignHold {
+                    holder: holder.clone(),
+                    ids: foreign,
                 });
             }
         }
     }
-    for list in holders.values_mut() {
+    for list in holdings.holders.values_mut() {
         list.sort();
         list.dedup();
     }
-    holders
+    holdings
+}
+
+/// Every name an EFA may be held under, whichever plugin or strategy gave it out: its ibdev
+/// name and its PCI address, each with or without a replica suffix.
+struct Names<'a>(BTreeMap<&'a str, &'a str>);
+
+impl<'a> Names<'a> {
+    fn of(inventory: &'a Inventory) -> Self {
+        let mut names = BTreeMap::new();
+        for record in inventory.devices() {
+            let efa = &record.efa;
+            names.insert(efa.ibdev.as_str(), efa.id.as_str());
+            names.insert(efa.pci_address.as_str(), efa.id.as_str());
+        }
+        Names(names)
+    }
+
+    /// The advertised device id an ID maps to, if any.
+    fn device_of(&self, id: &str) -> Option<&'a str> {
+        self.0.get(sharing::device_of(id)).copied()
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::num::NonZeroU32;
+
     use super::*;
+    use crate::discovery::DeviceIdStrategy;
     use crate::testkit::pod_resources_stub::pod;
+    use crate::testkit::simulate::{Shape, inventory_named};
 
     const EFA: &str = "vpc.amazonaws.com/efa";
 
+    fn holder(pod: &str) -> Holder {
+        Holder {
+            namespace: "ml".into(),
+            pod: pod.into(),
+            container: "main".into(),
+        }
+    }
+
     #[test]
     fn maps_our_devices_and_shared_ids_to_their_holders() {
+        let inventory = inventory_named(Shape::P4d, DeviceIdStrategy::Ibdev);
+        let sharing = Sharing::replicas(NonZeroU32::new(2).unwrap());
         let response = ListPodResourcesResponse {
             pod_resources: vec![
-                pod("ml", "trainer-0", "main", EFA, &["0000:10:1b.0"]),
+                pod("ml", "trainer-0", "main", EFA, &["rdmap16s27::0"]),
                 pod(
                     "ml",
                     "gpu-only",
                     "main",
                     "nvidia.com/gpu",
-                    &["0000:90:1b.0"],
+                    &["rdmap32s27::0"],
                 ),
-                pod("ml", "sidecar", "probe", EFA, &["0000:20:1b.0::1"]),
-                pod("ml", "other", "probe", EFA, &["0000:20:1b.0::0"]),
+                pod("ml", "sidecar", "main", EFA, &["rdmap144s27::1"]),
+                pod("ml", "other", "main", EFA, &["rdmap144s27::0"]),
             ],
         };
-        let holders = holders_of(&response, EFA);
-        assert_eq!(holders.len(), 2, "{holders:?}");
+        let holdings = derive(&response, EFA, &inventory, sharing);
+        assert!(holdings.known);
+        assert_eq!(holdings.holders.len(), 2, "{holdings:?}");
+        assert_eq!(holdings.holders["rdmap16s27"], [holder("trainer-0")]);
         assert_eq!(
-            holders["0000:10:1b.0"],
-            [Holder {
-                namespace: "ml".into(),
-                pod: "trainer-0".into(),
-                container: "main".into()
-            }]
+            holdings.holders["rdmap144s27"],
+            [holder("other"), holder("sidecar")]
         );
-        let shared: Vec<&str> = holders["0000:20:1b.0"]
+        assert!(holdings.foreign.is_empty() && holdings.foreign_devices.is_empty());
+    }
+
+    #[test]
+    fn ids_this_plugin_does_not_advertise_are_foreign_and_mapped_to_their_efa() {
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![
+                // The AWS plugin's IDs, the other strategy's, another sharing count's, and
+                // something no EFA on this node is called.
+                pod("ml", "aws", "main", EFA, &["rdmap16s27", "rdmap32s27"]),
+                pod("ml", "shared", "main", EFA, &["0000:90:1b.0::3"]),
+                pod("ml", "stale", "main", EFA, &["0000:ff:00.0"]),
+            ],
+        };
+        let by_pci = inventory_named(Shape::P4d, DeviceIdStrategy::Pci);
+        let holdings = derive(&response, EFA, &by_pci, Sharing::default());
+        assert_eq!(holdings.foreign_ids(), 4);
+        assert_eq!(holdings.foreign[0].holder, holder("aws"));
+        assert_eq!(holdings.foreign[0].ids, ["rdmap16s27", "rdmap32s27"]);
+        assert_eq!(
+            holdings.foreign_devices.iter().collect::<Vec<_>>(),
+            ["0000:10:1b.0", "0000:20:1b.0", "0000:90:1b.0"]
+        );
+        // Their pods still label the EFAs they hold.
+        assert_eq!(holdings.holders["0000:10:1b.0"], [holder("aws")]);
+        assert_eq!(holdings.holders["0000:90:1b.0"], [holder("shared")]);
+
+        // Under ibdev IDs, the AWS plugin's IDs are this plugin's own.
+        let by_ibdev = inventory_named(Shape::P4d, DeviceIdStrategy::Ibdev);
+        let holdings = derive(&response, EFA, &by_ibdev, Sharing::default());
+        let foreign: Vec<&str> = holdings
+            .foreign
             .iter()
-            .map(|h| h.pod.as_str())
+            .map(|f| f.holder.pod.as_str())
             .collect();
-        assert_eq!(shared, ["other", "sidecar"]);
+        assert_eq!(foreign, ["shared", "stale"]);
+        assert_eq!(
+            holdings.foreign_devices.iter().collect::<Vec<_>>(),
+            ["rdmap144s27"]
+        );
     }
 }
