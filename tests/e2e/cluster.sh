@@ -22,6 +22,7 @@ REPO=$(cd "$HERE/../.." && pwd)
 source "$HERE/lib/build.sh"
 source "$HERE/lib/host.sh"
 source "$HERE/lib/fake-efa.sh"
+source "$HERE/cluster/migration.sh"
 NODE=efa-e2e
 NS=kube-system
 DS=efa-device-plugin
@@ -146,6 +147,8 @@ FEATURE_GATES=ResourceHealthStatus=true
 
 start_control_plane() {
 	local p=$T/pki
+	# Privileged pods are allowed, as on EKS: the AWS plugin's chart (the
+	# migration cases' stand-in) runs privileged.
 	start_daemon kube-apiserver "$BIN/kube-apiserver" \
 		--etcd-servers "http://127.0.0.1:$ETCD_PORT" \
 		--bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address "$NODE_IP" \
@@ -156,7 +159,8 @@ start_control_plane() {
 		--service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
 		--service-account-issuer https://kubernetes.default.svc \
 		--service-cluster-ip-range "$SERVICE_SUBNET" \
-		--authorization-mode Node,RBAC --feature-gates "$FEATURE_GATES" --profiling=false
+		--authorization-mode Node,RBAC --feature-gates "$FEATURE_GATES" --profiling=false \
+		--allow-privileged=true
 	wait_until 90 k get --raw /readyz >/dev/null 2>&1 || return 1
 	start_daemon kube-controller-manager "$BIN/kube-controller-manager" \
 		--kubeconfig "$p/admin.kubeconfig" --bind-address 127.0.0.1 --leader-elect=false \
@@ -783,6 +787,10 @@ main() {
 	run_case "(8) node without EFA: plugin Ready, allocatable 0 or absent" case_no_efa
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
 	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
+	run_case "(11) Migration, README order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs" case_migration_readme
+	run_case "(12) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
+	run_case "(13) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
+	run_case "(14) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
 }
 
 main "$@"
