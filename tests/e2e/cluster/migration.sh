@@ -211,7 +211,7 @@ kubelet_gap() {
 	tail -n +"$(($1 + 1))" "$T/logs/kubelet.log" | grep -F "\"$RESOURCE\"" |
 		awk '/Endpoint became unhealthy/ && !down { split($2, a, ":"); down = 1; t = a[1] * 3600 + a[2] * 60 + a[3] }
 			/Device plugin connected/ && down { split($2, a, ":"); gap += a[1] * 3600 + a[2] * 60 + a[3] - t; down = 0 }
-			END { printf "%.2f\n", gap }'
+			END { printf "%.3f\n", gap }'
 }
 
 kubelet_registrations() {
@@ -358,13 +358,16 @@ migration_pci() {
 		fi
 		k delete pod "$N" --wait >/dev/null || { REASON="cannot delete $N"; return 1; }
 	done
-	warnings=$(k -n "$NS" logs "$pod" 2>/dev/null | grep -i warn | grep "default/$H" | grep "${H_IDS[0]}" | grep -c "${H_IDS[1]}")
+	# The chart logs JSON lines; the warning names the pod in its namespace
+	# and pod fields.
+	warnings=$(k -n "$NS" logs "$pod" 2>/dev/null | grep -F '"level":"WARN"' | grep -F '"namespace":"default"' |
+		grep -F "\"pod\":\"$H\"" | grep -w -- "${H_IDS[0]}" | grep -cw -- "${H_IDS[1]}")
 	if ((warnings == 0)); then
-		REASON="no warning in $pod's log naming default/$H and ${H_IDS[*]}"
+		REASON="no warning in $pod's log naming namespace default, pod $H and ${H_IDS[*]}: $(k -n "$NS" logs "$pod" 2>/dev/null | grep -i warn | tail -2 | paste -sd'|')"
 		return 1
 	fi
 	read -r data <<<"$(below_4 "$T/allocatable-pci")"
-	CASE_DETAIL="foreign_allocations $foreign; $warnings warning line(s) naming default/$H; node below 4 for ${data% *}s (lowest ${data#* })"
+	CASE_DETAIL="foreign_allocations $foreign; $warnings warning line(s) naming default/$H and its IDs; node below 4 for ${data% *}s (lowest ${data#* })"
 }
 
 foreign_is() { [[ $(metric "$1" efa_device_plugin_foreign_allocations) == "$2" ]]; }
