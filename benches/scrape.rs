@@ -25,7 +25,7 @@ use efa_device_plugin::telemetry::metrics::Metrics;
 use efa_device_plugin::testkit::kubelet_stub::KubeletStub;
 use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::Shape;
-use support::{Harness, http_get};
+use support::{Harness, http_get, status_kib};
 
 const SCRAPES: usize = 300;
 const RESOURCE: &str = "vpc.amazonaws.com/efa";
@@ -114,7 +114,10 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     );
     let render = summary(
         &timed(SCRAPES, || async {
-            metrics.render().await;
+            let body = metrics.scrape().await;
+            http_body_util::BodyExt::collect(body)
+                .await
+                .expect("scrape");
         })
         .await,
     );
@@ -160,7 +163,10 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         .1
         .contains("pod=\"trainer-0\"")
     {
-        assert!(labelled.elapsed() < Duration::from_secs(15), "no pod labels");
+        assert!(
+            labelled.elapsed() < Duration::from_secs(15),
+            "no pod labels"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let attributed = summary(
@@ -294,16 +300,6 @@ where
     let mut flood = flooder.join().expect("flooder");
     flood.took = started.elapsed();
     (summary(&samples), flood)
-}
-
-/// A `/proc/<pid>/status` figure in KiB (`VmRSS`, `VmHWM`).
-fn status_kib(pid: u32, key: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
-        .and_then(|value| value.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
 }
 
 struct Summary {

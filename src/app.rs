@@ -90,7 +90,7 @@ impl Plugin {
         }
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
-        crate::service::check_list_fits(&self.state.current(), settings.sharing)?;
+        crate::service::check_sharing_fits(&self.state.current(), settings.sharing, cdi.is_some())?;
         tasks.spawn("health monitor", monitor.run(shutdown.clone()));
         if let Some(guard) = self.start_guard(settings).await {
             tasks.spawn("DRA-conflict guard", guard.run(shutdown.clone()));
@@ -155,6 +155,7 @@ impl Plugin {
                         settings.rescan_interval,
                         spec.failures,
                         self.state.reader(),
+                        self.spec_still_needed(settings),
                         shutdown.clone(),
                     ),
                 );
@@ -225,6 +226,22 @@ impl Plugin {
             stopped: shutdown.clone(),
         });
         Ok(http::serve(listener, endpoint, shutdown.clone()))
+    }
+
+    /// Asks the kubelet at exit whether a container still holds an EFA: a holder that ended
+    /// since the last poll must not keep the CDI spec, nor a new one lose it.
+    fn spec_still_needed(&self, settings: &Settings) -> crate::hostfile::KeepOnExit {
+        let pods = PodResources::new(
+            settings.pod_resources_socket.clone(),
+            settings.resource_name.clone(),
+        );
+        let (state, sharing) = (self.state.reader(), settings.sharing);
+        Box::new(move || {
+            Box::pin(async move {
+                let holdings = pods.holdings_now(&state.current(), sharing).await;
+                cdi::still_needed(&holdings)
+            })
+        })
     }
 
     /// The conflict is in the state before the kubelet can see a device, so no EFA is
@@ -318,7 +335,7 @@ impl Default for Plugin {
 /// this long for blocking work and then leaves it behind.
 const BLOCKING_GRACE: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// The `run` command: the plugin as a process, stopped by SIGTERM or SIGINT.
+/// The `run` command: the plugin as a process, stopped by SIGTERM, SIGINT or SIGHUP.
 pub fn serve(settings: Settings) -> anyhow::Result<()> {
     crate::telemetry::init_logging(settings.log_format, &settings.log_level)?;
     crate::telemetry::fds::raise_limit();
@@ -332,6 +349,10 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
         use tokio::signal::unix::{SignalKind, signal};
         let mut terminate = signal(SignalKind::terminate())?;
         let mut interrupt = signal(SignalKind::interrupt())?;
+        // SIGHUP's default would end the process with no clean-up, leaving the socket and the
+        // host files behind. There is nothing to reload (the config is read at start, and the
+        // DaemonSet restarts the pod for a new one), so it stops the plugin like SIGTERM.
+        let mut hangup = signal(SignalKind::hangup())?;
         tracing::info!(
             version = env!("CARGO_PKG_VERSION"),
             settings = ?settings,
@@ -345,6 +366,7 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
             result = &mut running => return result,
             _ = terminate.recv() => {}
             _ = interrupt.recv() => {}
+            _ = hangup.recv() => {}
         }
         tracing::info!("stopping on signal");
         shutdown.cancel();

@@ -19,9 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::allocation::sharing::Sharing;
 use crate::allocation::{Allocated, CONTAINER_NODE_DIR, Contributor};
-use crate::hostfile::HostFile;
+use crate::hostfile::{HostFile, KeepOnExit};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
-use crate::state::{DeviceReader, Inventory};
+use crate::state::{DeviceReader, Holdings, Inventory};
 
 /// The spec's kind is the resource name, so several resources of one node never share a file or
 /// a device name space.
@@ -208,24 +208,48 @@ pub(crate) fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<S
     Some(text)
 }
 
+/// The spec's permission bits: world-readable, as CDI specs under /etc/cdi and /var/run/cdi
+/// conventionally are. containerd and CRI-O read it as root, but CDI readers that run
+/// unprivileged (rootless podman, listing tools) read the same dirs, and the spec holds nothing
+/// secret: device node paths, and `allocate.env`, which the plugin's config already shows.
+const SPEC_MODE: u32 = 0o644;
+
 /// Keeps the spec file in `dir` current until `shutdown`, then removes it; failed writes are
-/// retried every `retry` and counted in `failures`.
+/// retried, and the file on disk compared with the spec, every `recheck`; failures are counted
+/// in `failures`.
 pub(crate) async fn run(
     dir: PathBuf,
     settings: SpecSettings,
-    retry: Duration,
+    recheck: Duration,
     failures: Counter,
     state: DeviceReader,
+    keep_on_exit: KeepOnExit,
     shutdown: CancellationToken,
 ) {
     let file = HostFile {
         path: settings.kind.spec_path(&dir),
         what: "CDI spec",
-        retry,
+        recheck,
+        mode: SPEC_MODE,
         failures: Some(failures),
+        keep_on_exit: Some(keep_on_exit),
     };
     file.follow(state, |inventory| render(inventory, &settings), shutdown)
         .await
+}
+
+/// Why the spec must outlive the plugin, if it must. The kubelet restarts a container of a
+/// running pod from its checkpoint, without calling the plugin, and the runtime then resolves
+/// the container's CDI names from this file: removed during a rollout or a crash loop, every
+/// EFA container that restarts would fail to start.
+pub(crate) fn still_needed(holdings: &Holdings) -> Option<String> {
+    if !holdings.known {
+        return Some(
+            "the kubelet's PodResources could not be read, so containers may still need it".into(),
+        );
+    }
+    let holders: usize = holdings.holders.values().map(Vec::len).sum();
+    (holders > 0).then(|| format!("{holders} container(s) hold EFAs and may restart"))
 }
 
 /// Answers each allocated EFA by its CDI name and nothing else: the runtime takes the node (and

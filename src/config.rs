@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::parser::ValueSource;
 use clap::{
     Arg, ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum,
@@ -76,10 +76,6 @@ pub enum DeviceListStrategy {
     /// CDI device names in the Allocate answer; the nodes are in the plugin's CDI spec file.
     Cdi,
 }
-
-/// `KEY=VALUE` pairs from one `--allocate-env` (or `EFA_DP_ALLOCATE_ENV`), in order.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) struct EnvPairs(pub Vec<(String, String)>);
 
 /// What every allocation gets besides its devices.
 #[derive(Serialize, Debug, Clone, PartialEq, Eq, Default)]
@@ -188,13 +184,14 @@ settings! {
     /// Directory the runtime reads CDI specs from; the plugin writes its spec there in cdi mode.
     cdi_spec_dir: PathBuf = Setting::new("cdi-spec-dir", "EFA_DP_CDI_SPEC_DIR", "DIR",
         "/var/run/cdi", parse_path);
-    /// Environment variable set in every container that gets an EFA; repeatable. A comma starts
-    /// another pair only when an '=' follows before the next comma, so values may hold commas.
+    /// Environment variable set in every container that gets an EFA; repeatable, each value
+    /// kept whole, commas and '=' too. EFA_DP_ALLOCATE_ENV holds a YAML or JSON map instead,
+    /// e.g. {"NCCL_SOCKET_IFNAME": "^lo,docker", "FI_PROVIDER": "efa"}.
     allocate: AllocateSettings = EnvSetting {
         flag: "allocate-env", env: "EFA_DP_ALLOCATE_ENV", value_name: "KEY=VALUE",
         file: "allocate.env",
     };
-    /// Label EFA hardware counters with the namespace, pod and container holding the device.
+    /// Expose efa_device_allocation: the namespace, pod and container holding each device.
     counter_pod_labels: bool = Setting::switch("counter-pod-labels", "EFA_DP_COUNTER_POD_LABELS",
         "true");
     /// TEST ONLY: judge an empty regular file at a uverbs node path Healthy, for simulated nodes
@@ -341,14 +338,15 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
         self.env
     }
 
+    /// The text is parsed in [`Resolve::resolve`], which knows whether the flag or the
+    /// variable gave it and names that one in an error.
     fn arg(&self) -> Arg {
-        let parse = self.parse;
         let arg = flag_arg(self.flag, self.env, self.value_name).default_value(self.default);
         let choices = (self.choices)();
         let arg = if choices.is_empty() {
-            arg.value_parser(parse)
+            arg
         } else {
-            arg.value_parser(PossibleValuesParser::new(choices).try_map(move |text| parse(&text)))
+            arg.value_parser(PossibleValuesParser::new(choices))
         };
         if self.switch {
             arg.num_args(0..=1).default_missing_value("true")
@@ -370,8 +368,19 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
 
 impl<T: Clone + Send + Sync + 'static> Resolve<T> for Setting<T> {
     fn resolve(&self, given: &Given) -> Result<T, ConfigError> {
-        if let Some(value) = given.command_line(self.flag, self.repeat) {
-            return Ok(value);
+        if let Some((origin, texts)) = given.command_line(self) {
+            let mut given_value = None;
+            for text in texts {
+                let value =
+                    (self.parse)(&text).map_err(|err| ConfigError(format!("{origin}: {err}")))?;
+                given_value = Some(match (given_value, self.repeat) {
+                    (Some(earlier), Some(combine)) => combine(earlier, value),
+                    _ => value,
+                });
+            }
+            if let Some(value) = given_value {
+                return Ok(value);
+            }
         }
         let Some((key, path, value)) = self.file_key().and_then(|key| {
             given
@@ -413,9 +422,7 @@ impl Describe for EnvSetting {
     }
 
     fn arg(&self) -> Arg {
-        flag_arg(self.flag, self.env, self.value_name)
-            .value_parser(parse_env_pairs)
-            .action(ArgAction::Append)
+        flag_arg(self.flag, self.env, self.value_name).action(ArgAction::Append)
     }
 
     fn file_key(&self) -> Option<&'static str> {
@@ -424,40 +431,112 @@ impl Describe for EnvSetting {
 }
 
 impl Resolve<AllocateSettings> for EnvSetting {
-    /// The flags' or variable's pairs when given, else the file's map, each entry checked alike.
+    /// Each flag's one pair, or the variable's map, when given; else the file's map. Every
+    /// entry is checked alike.
     fn resolve(&self, given: &Given) -> Result<AllocateSettings, ConfigError> {
-        if let Some(pairs) = given
-            .matches
-            .and_then(|m| m.get_many::<EnvPairs>(self.flag))
-        {
-            let env = pairs.flat_map(|pairs| pairs.0.iter().cloned()).collect();
+        if let Some((origin, texts)) = given.command_line(self) {
+            let problem = |err: String| ConfigError(format!("{origin}: {err}"));
+            let env = match origin {
+                Origin::Env(_) => {
+                    let text: String = texts.collect();
+                    let map = env_map_text(&text).map_err(problem)?;
+                    env_map(&map).map_err(|(key, err)| problem(format!("{key}: {err}")))?
+                }
+                _ => texts
+                    .map(|text| parse_env_pair(&text))
+                    .collect::<Result<_, _>>()
+                    .map_err(problem)?,
+            };
             return Ok(AllocateSettings { env });
         }
         let Some((path, value)) = given.file_value(self.file) else {
             return Ok(AllocateSettings::default());
         };
-        let Value::Mapping(entries) = value else {
-            return Err(ConfigError(format!(
+        let env = env_map(value).map_err(|(key, err)| {
+            let entry = format!("{}.{key}", self.file);
+            ConfigError(format!("{}: {err}", Origin::File(path, &entry)))
+        });
+        match value {
+            Value::Mapping(_) => Ok(AllocateSettings { env: env? }),
+            _ => Err(ConfigError(format!(
                 "{}: must be a map of variables",
                 Origin::File(path, self.file)
-            )));
-        };
-        let env = entries
-            .iter()
-            .map(|(key, value)| {
-                let key = yaml_scalar(key);
-                scalar_text(value)
-                    .map_err(|err| format!("the value of {key} {err}"))
-                    .and_then(|text| validate_env(&key, &text).map(|()| text))
-                    .map_err(|err| {
-                        let entry = format!("{}.{key}", self.file);
-                        ConfigError(format!("{}: {err}", Origin::File(path, &entry)))
-                    })
-                    .map(|text| (key, text))
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(AllocateSettings { env })
+            ))),
+        }
     }
+}
+
+/// The variables of an `allocate.env` map (already holding each scalar's text, see
+/// [`keep_scalar_text`]), or the key of the first bad entry and why.
+fn env_map(value: &Value) -> Result<BTreeMap<String, String>, (String, String)> {
+    let Value::Mapping(entries) = value else {
+        return Ok(BTreeMap::new());
+    };
+    entries
+        .iter()
+        .map(|(key, value)| {
+            let key = yaml_scalar(key);
+            scalar_text(value)
+                .map_err(|err| format!("the value of {key} {err}"))
+                .and_then(|text| validate_env(&key, &text).map(|()| text))
+                .map(|text| (key.clone(), text))
+                .map_err(|err| (key, err))
+        })
+        .collect()
+}
+
+/// `EFA_DP_ALLOCATE_ENV`: a YAML (or JSON) map, as under `allocate.env` in the file. A map
+/// cannot be mistaken: a value holds any commas and `=` it likes. Empty means no variables.
+fn env_map_text(text: &str) -> Result<Value, String> {
+    let usage = "must be a YAML or JSON map of variables, e.g. {\"FI_PROVIDER\": \"efa\", \"NCCL_SOCKET_IFNAME\": \"^lo,docker\"}";
+    if nesting_depth(text) > CONFIG_DEPTH_LIMIT {
+        return Err(format!(
+            "{usage}, nested at most {CONFIG_DEPTH_LIMIT} levels"
+        ));
+    }
+    let mut map: Value = serde_yaml::from_str(text)
+        .map_err(|err| format!("{usage}: {}", err.to_string().replace('\n', " ")))?;
+    match map {
+        Value::Null => Ok(Value::Mapping(Default::default())),
+        Value::Mapping(_) => {
+            keep_scalar_text(&mut map, serde_yaml::from_str(text).ok());
+            Ok(map)
+        }
+        _ => Err(usage.to_owned()),
+    }
+}
+
+/// A YAML map of variables read as text: serde_yaml resolves a plain `1.10` to the float 1.1,
+/// `0x10` to 16 and `True` to true in a [`Value`], but hands a string visitor the scalar as it
+/// is written.
+type ScalarTexts = BTreeMap<String, String>;
+
+/// Gives each number or boolean in the map `map` the text it was written with, from `texts`
+/// (absent when some entry is no scalar: that entry is refused anyway). The container gets
+/// what the operator wrote, `1.10` and not `1.1`.
+fn keep_scalar_text(map: &mut Value, texts: Option<ScalarTexts>) {
+    let (Value::Mapping(entries), Some(texts)) = (map, texts) else {
+        return;
+    };
+    for (key, value) in entries.iter_mut() {
+        if matches!(value, Value::Number(_) | Value::Bool(_))
+            && let Some(text) = texts.get(&yaml_scalar(key))
+        {
+            *value = Value::String(text.clone());
+        }
+    }
+}
+
+/// Only `allocate.env` of a config file (the `file` key of its [`EnvSetting`]), its values read
+/// as text (see [`ScalarTexts`]).
+#[derive(serde::Deserialize)]
+struct FileEnv {
+    allocate: Option<FileEnvGroup>,
+}
+
+#[derive(serde::Deserialize)]
+struct FileEnvGroup {
+    env: Option<ScalarTexts>,
 }
 
 /// What the settings are read from: nothing at all for [`Settings::default`].
@@ -468,19 +547,20 @@ struct Given<'a> {
 }
 
 impl Given<'_> {
-    /// A flag's or variable's value, when one was given; the occurrences of a repeatable flag
-    /// combined by `repeat`.
-    fn command_line<T: Clone + Send + Sync + 'static>(
-        &self,
-        id: &str,
-        repeat: Option<fn(T, T) -> T>,
-    ) -> Option<T> {
+    /// A flag's or variable's texts (one per occurrence of a repeatable flag), and which of
+    /// the two gave them.
+    fn command_line<'s>(
+        &'s self,
+        setting: &'s dyn Describe,
+    ) -> Option<(Origin<'s>, impl Iterator<Item = String> + 's)> {
         let matches = self.matches?;
-        match (matches.value_source(id)?, repeat) {
-            (ValueSource::DefaultValue, _) => None,
-            (_, None) => matches.get_one::<T>(id).cloned(),
-            (_, Some(combine)) => matches.get_many::<T>(id)?.cloned().reduce(combine),
-        }
+        let origin = match matches.value_source(setting.flag())? {
+            ValueSource::DefaultValue => return None,
+            ValueSource::EnvVariable => Origin::Env(setting.env()),
+            _ => Origin::Flag(setting.flag()),
+        };
+        let texts = matches.get_many::<String>(setting.flag())?.cloned();
+        Some((origin, texts))
     }
 
     /// A null in the file, as in `key:` alone, leaves the setting unset.
@@ -522,8 +602,7 @@ fn flag_arg(flag: &'static str, env: &'static str, value_name: &'static str) -> 
 }
 
 fn cli() -> clap::Command {
-    let config = flag_arg("config", "EFA_DP_CONFIG", "FILE")
-        .value_parser(clap::value_parser!(PathBuf))
+    let config = flag_arg(CONFIG.0, CONFIG.1, "FILE")
         .help("YAML file with any of these options, keyed by their long names");
     let settings = DECLARED
         .each()
@@ -547,8 +626,21 @@ where
     Ok((command, settings))
 }
 
+/// The `--config` flag and its variable.
+const CONFIG: (&str, &str) = ("config", "EFA_DP_CONFIG");
+
 fn settings_from(matches: &ArgMatches) -> Result<Settings, ConfigError> {
-    let file = match matches.get_one::<PathBuf>("config") {
+    let config = match matches.get_one::<String>(CONFIG.0) {
+        Some(text) => {
+            let origin = match matches.value_source(CONFIG.0) {
+                Some(ValueSource::EnvVariable) => Origin::Env(CONFIG.1),
+                _ => Origin::Flag(CONFIG.0),
+            };
+            Some(parse_path(text).map_err(|err| ConfigError(format!("{origin}: {err}")))?)
+        }
+        None => None,
+    };
+    let file = match &config {
         Some(path) => Some((path.as_path(), read_file(path)?)),
         None => None,
     };
@@ -570,7 +662,12 @@ fn settings_from(matches: &ArgMatches) -> Result<Settings, ConfigError> {
     Ok(settings)
 }
 
+/// A path that must be given: an empty one would resolve against the working directory
+/// (`--cdi-spec-dir ''` wrote the spec there) or never work (`--device-plugin-dir ''`).
 fn parse_path(text: &str) -> Result<PathBuf, String> {
+    if text.trim().is_empty() {
+        return Err("must not be empty: give a path".to_owned());
+    }
     Ok(PathBuf::from(text))
 }
 
@@ -628,16 +725,28 @@ pub struct ConfigError(pub String);
 /// anything shorter would keep a core busy rescanning.
 pub(crate) const MIN_RESCAN_INTERVAL: Duration = Duration::from_millis(100);
 
+/// The longest rescan interval. It is also the pause before a failed file write is retried
+/// and a changed one healed, and the DRA guard's fallback look: an hour is already late for
+/// each. Far longer ones overflow the runtime's clock (`200000000000y` panicked at the first
+/// probe).
+pub(crate) const MAX_RESCAN_INTERVAL: Duration = Duration::from_secs(3600);
+
 /// Parses a duration such as `500ms` or `2s`; below [`MIN_RESCAN_INTERVAL`] is refused because
-/// it would spin.
+/// it would spin, above [`MAX_RESCAN_INTERVAL`] because nothing would be noticed.
 pub(crate) fn parse_interval(text: &str) -> Result<Duration, String> {
     let d = humantime::parse_duration(text.trim())
         .map_err(|err| format!("invalid duration {text:?}: {err} (use e.g. 500ms, 2s, 1m)"))?;
+    let bound = |what: &str, limit: Duration| {
+        Err(format!(
+            "invalid duration {text:?}: must be at {what} {}",
+            humantime::format_duration(limit)
+        ))
+    };
     if d < MIN_RESCAN_INTERVAL {
-        return Err(format!(
-            "invalid duration {text:?}: must be at least {}",
-            humantime::format_duration(MIN_RESCAN_INTERVAL)
-        ));
+        return bound("least", MIN_RESCAN_INTERVAL);
+    }
+    if d > MAX_RESCAN_INTERVAL {
+        return bound("most", MAX_RESCAN_INTERVAL);
     }
     Ok(d)
 }
@@ -696,26 +805,14 @@ pub(crate) fn parse_bool(text: &str) -> Result<bool, String> {
     }
 }
 
-/// One or more `KEY=VALUE` pairs. A comma starts another pair only when an `=` follows it
-/// before the next comma, so `NCCL_SOCKET_IFNAME=^lo,docker` stays one pair.
-pub(crate) fn parse_env_pairs(text: &str) -> Result<EnvPairs, String> {
-    let mut pairs: Vec<(String, String)> = Vec::new();
-    for piece in text.split(',') {
-        match (piece.split_once('='), pairs.last_mut()) {
-            (Some((key, value)), _) => pairs.push((key.to_owned(), value.to_owned())),
-            (None, Some((_, value))) => {
-                value.push(',');
-                value.push_str(piece);
-            }
-            (None, None) => {
-                return Err(format!("invalid environment entry {text:?}: use KEY=VALUE"));
-            }
-        }
-    }
-    for (key, value) in &pairs {
-        validate_env(key, value)?;
-    }
-    Ok(EnvPairs(pairs))
+/// One `KEY=VALUE` pair, split at the first `=`: the value is kept whole, so
+/// `NCCL_SOCKET_IFNAME=^lo,docker` and `OPTS=a=1,b=2` are one variable each.
+pub(crate) fn parse_env_pair(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("invalid environment entry {text:?}: use KEY=VALUE"))?;
+    validate_env(key, value)?;
+    Ok((key.to_owned(), value.to_owned()))
 }
 
 /// What the runtime can set: a POSIX name, and a value that fits in a C string.
@@ -830,9 +927,6 @@ fn read_file(path: &Path) -> Result<FileValues, ConfigError> {
     let text = crate::fsread::read_text(path, CONFIG_SIZE_LIMIT)
         .map_err(|err| problem(err.to_string()))?;
     let mut values = FileValues::new();
-    if text.trim().is_empty() {
-        return Ok(values);
-    }
     let depth = nesting_depth(&text);
     if depth > CONFIG_DEPTH_LIMIT {
         return Err(problem(format!(
@@ -841,12 +935,26 @@ fn read_file(path: &Path) -> Result<FileValues, ConfigError> {
     }
     let document: Value =
         serde_yaml::from_str(&text).map_err(|err| problem(err.to_string().replace('\n', " ")))?;
+    // An empty file, or one of comments only, is an empty document: the defaults.
+    if document.is_null() {
+        return Ok(values);
+    }
     let keys: Vec<&'static str> = DECLARED
         .each()
         .into_iter()
         .filter_map(|(setting, _)| setting.file_key())
         .collect();
     collect(&document, "", &keys, &mut values).map_err(problem)?;
+    if let Some(env) = DECLARED
+        .allocate
+        .file_key()
+        .and_then(|key| values.get_mut(key))
+    {
+        let texts = serde_yaml::from_str::<FileEnv>(&text)
+            .ok()
+            .and_then(|file| file.allocate?.env);
+        keep_scalar_text(env, texts);
+    }
     Ok(values)
 }
 
@@ -974,6 +1082,61 @@ mod tests {
         assert_eq!(parse_interval("100ms"), Ok(MIN_RESCAN_INTERVAL));
         assert!(parse_interval("fast").is_err());
         assert!(parse_interval("").is_err());
+        assert_eq!(parse_interval("1h"), Ok(MAX_RESCAN_INTERVAL));
+        for huge in ["61m", "200000000000y", "500000000000y"] {
+            let err = parse_interval(huge).unwrap_err();
+            assert!(err.contains("at most 1h"), "{huge}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_flag_pair_keeps_its_value_whole() {
+        assert_eq!(
+            parse_env_pair("OPTS=a=1,b=2"),
+            Ok(("OPTS".to_owned(), "a=1,b=2".to_owned()))
+        );
+        assert_eq!(
+            parse_env_pair("NCCL_SOCKET_IFNAME=^lo,docker"),
+            Ok(("NCCL_SOCKET_IFNAME".to_owned(), "^lo,docker".to_owned()))
+        );
+        assert_eq!(
+            parse_env_pair("EMPTY="),
+            Ok(("EMPTY".to_owned(), String::new()))
+        );
+        assert!(parse_env_pair("NOVALUE").is_err());
+        assert!(parse_env_pair("1X=y").is_err());
+    }
+
+    #[test]
+    fn env_maps_keep_each_scalar_as_written() {
+        let settings = from_file(
+            "allocate:\n  env:\n    V: 1.10\n    H: 0x10\n    T: True\n    O: 010\n    I: 1\n    S: \"x,y\"\n",
+        );
+        let expected: BTreeMap<String, String> = [
+            ("H", "0x10"),
+            ("I", "1"),
+            ("O", "010"),
+            ("S", "x,y"),
+            ("T", "True"),
+            ("V", "1.10"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(settings.allocate.env, expected);
+        let flow = env_map_text("{V: 1.10, H: 0x10, T: True, O: 010, I: 1, S: \"x,y\"}").unwrap();
+        assert_eq!(env_map(&flow).unwrap(), expected);
+    }
+
+    #[test]
+    fn the_variables_map_is_refused_unless_it_is_one() {
+        for text in ["A=1", "A=1,B=2", "[A, B]", "{A: [1]}", "{A: 1"] {
+            let refused = env_map_text(text)
+                .map_err(|err| (String::new(), err))
+                .and_then(|map| env_map(&map));
+            assert!(refused.is_err(), "{text}");
+        }
+        assert_eq!(env_map(&env_map_text("").unwrap()), Ok(BTreeMap::new()));
     }
 
     #[test]
@@ -989,19 +1152,29 @@ mod tests {
         );
     }
 
-    #[test]
-    fn an_empty_config_file_means_defaults() {
+    /// The settings a config file holding `text` gives.
+    fn from_file(text: &str) -> Settings {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("empty.yaml");
-        std::fs::write(&path, "\n").unwrap();
-        let (_, settings) = parse([
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, text).unwrap();
+        let args = [
             "efa-device-plugin",
             "--config",
             path.to_str().unwrap(),
             "config",
-        ])
-        .unwrap();
-        assert_eq!(settings, Settings::default());
+        ];
+        parse(args).unwrap().1
+    }
+
+    #[test]
+    fn an_empty_or_comments_only_config_file_means_defaults() {
+        for text in [
+            "",
+            "\n",
+            "# efa-device-plugin settings\n# rescan-interval: 2s\n",
+        ] {
+            assert_eq!(from_file(text), Settings::default(), "{text:?}");
+        }
     }
 
     #[test]

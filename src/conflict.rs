@@ -34,7 +34,7 @@ pub(crate) struct Guard {
 
 type Finder = fn(&Path, &[String]) -> Option<(String, PathBuf)>;
 
-/// The first socket in `dir` whose file name starts with one of `drivers`, as `(driver, path)`.
+/// The first socket in `dir` named after one of `drivers`, as `(driver, path)`.
 pub(crate) fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, PathBuf)> {
     let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
         .ok()?
@@ -43,12 +43,22 @@ pub(crate) fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, Pat
         .filter_map(|entry| {
             let name = entry.file_name();
             let name = name.to_str()?;
-            let driver = drivers.iter().find(|d| name.starts_with(d.as_str()))?;
+            let driver = drivers.iter().find(|d| registers(name, d))?;
             Some((driver.clone(), entry.path()))
         })
         .collect();
     found.sort();
     found.into_iter().next()
+}
+
+/// Whether a socket called `name` registers `driver`, by the kubelet's naming rule for
+/// `plugins_registry`: `<driver>[-<suffix>].sock`. The DRA helper library names its socket
+/// `<driver>-reg.sock`, or `<driver>-<pod uid>-reg.sock` with rolling updates. A bare prefix
+/// would let `dra.netapp.io-reg.sock` count as `dra.net`.
+fn registers(name: &str, driver: &str) -> bool {
+    name.strip_prefix(driver)
+        .and_then(|rest| rest.strip_suffix(".sock"))
+        .is_some_and(|suffix| suffix.is_empty() || suffix.starts_with('-'))
 }
 
 impl Guard {
@@ -185,5 +195,22 @@ mod tests {
         assert_eq!(driver, "dra.net");
         assert!(path.ends_with("dra.net-reg2.sock"));
         assert_eq!(find_driver(&dir.path().join("absent"), &drivers), None);
+    }
+
+    #[test]
+    fn a_driver_matches_by_the_kubelets_naming_rule_not_by_prefix() {
+        for (name, matches) in [
+            ("dra.net-reg.sock", true),
+            ("dra.net.sock", true),
+            ("dra.net-0b7e6c4d-reg.sock", true),
+            ("dra.netapp.io-reg.sock", false),
+            ("dra.netapp.io.sock", false),
+            ("dra.net", false),
+            ("dra.net-reg.sock.old", false),
+            ("dra.network-reg.sock", false),
+            ("xdra.net-reg.sock", false),
+        ] {
+            assert_eq!(registers(name, "dra.net"), matches, "{name}");
+        }
     }
 }

@@ -7,8 +7,11 @@
 //! cannot start a CDI container without it); and the file is removed on exit, so a node without
 //! the plugin does not keep describing devices nobody serves.
 
+use std::fs::Permissions;
 use std::io::{self, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -21,66 +24,153 @@ pub(crate) struct HostFile {
     pub path: PathBuf,
     /// Names the file in log lines, e.g. "CDI spec".
     pub what: &'static str,
-    /// The pause before writing again after a failure.
-    pub retry: Duration,
+    /// How often the file on disk is compared with what was written, and a failed write tried
+    /// again: the rescan interval.
+    pub recheck: Duration,
+    /// The file's permission bits, whatever the umask.
+    pub mode: u32,
     /// Counts failed writes, when the file's failures are exposed as a metric.
     pub failures: Option<Counter>,
+    /// Asked on exit: a reason to leave the file in place instead of removing it.
+    pub keep_on_exit: Option<KeepOnExit>,
+}
+
+/// Asked once on exit, after the last write: why the file must outlive the plugin, if it must.
+pub(crate) type KeepOnExit =
+    Box<dyn FnOnce() -> Pin<Box<dyn Future<Output = Option<String>> + Send>> + Send + Sync>;
+
+/// What identifies the file as written: a change to any of these means someone else replaced,
+/// edited, truncated or re-moded it. Comparing these costs one `lstat`; comparing the text
+/// would read a spec of megabytes every rescan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Identity {
+    dev: u64,
+    ino: u64,
+    mode: u32,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Identity {
+    fn of(path: &Path) -> Option<Identity> {
+        let meta = std::fs::symlink_metadata(path).ok()?;
+        Some(Identity {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            mode: meta.mode(),
+            size: meta.size(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        })
+    }
+}
+
+/// The text on disk and how to tell that it is still there.
+struct Written {
+    text: String,
+    identity: Option<Identity>,
 }
 
 impl HostFile {
     /// Keeps the file equal to `render` of the current snapshot, absent while that is `None`,
-    /// until `shutdown`, then removes it. Never fails: a write error is logged, counted and
-    /// retried.
+    /// until `shutdown`, then removes it unless `keep_on_exit` gives a reason not to. Never
+    /// fails: a write error is logged, counted and retried. A file removed or changed by
+    /// someone else is written again at the next recheck: a deleted CDI spec would otherwise
+    /// fail every new EFA container while its text stays the same.
     pub(crate) async fn follow(
-        self,
+        mut self,
         state: DeviceReader,
         render: impl Fn(&Inventory) -> Option<String>,
         shutdown: CancellationToken,
     ) {
         let mut devices = state.subscribe();
-        let mut written: Option<String> = None;
-        // The error of the failing streak, so a streak logs once rather than every retry.
-        let mut failing: Option<String> = None;
-        loop {
+        let mut written: Option<Written> = None;
+        // The kind of error of the failing streak: the message names a random temp file, so
+        // comparing messages would log every retry.
+        let mut failing: Option<io::ErrorKind> = None;
+        // Whether the last recheck found the file changed, so a streak of tampering logs once.
+        let mut tampered = false;
+        'follow: loop {
             let wanted = render(&devices.borrow_and_update());
-            let mut retry = None;
             if wanted.is_none() && written.take().is_some() {
                 self.remove();
             }
-            if let Some(text) = wanted.filter(|text| written.as_ref() != Some(text)) {
-                match write_atomically(&self.path, &text) {
+            if let Some(text) =
+                wanted.filter(|text| written.as_ref().map(|w| &w.text) != Some(text))
+            {
+                match write_atomically(&self.path, &text, self.mode) {
                     Ok(()) => {
                         if failing.take().is_some() {
                             tracing::info!(file = %self.path.display(), "wrote the {} after failures", self.what);
                         }
-                        written = Some(text);
+                        written = Some(Written {
+                            identity: Identity::of(&self.path),
+                            text,
+                        });
                     }
                     Err(err) => {
                         if let Some(failures) = &self.failures {
                             failures.inc();
                         }
-                        let err = err.to_string();
-                        if failing.as_ref() != Some(&err) {
+                        if failing != Some(err.kind()) {
                             tracing::warn!(
                                 file = %self.path.display(),
                                 error = %err,
-                                retry = %humantime::format_duration(self.retry),
+                                retry = %humantime::format_duration(self.recheck),
                                 "cannot write the {}; retrying",
                                 self.what
                             );
                         }
-                        failing = Some(err);
-                        retry = Some(self.retry);
+                        failing = Some(err.kind());
                     }
                 }
             }
-            tokio::select! {
-                _ = shutdown.cancelled() => break,
-                changed = devices.changed() => if changed.is_err() { break },
-                _ = pause(retry) => {}
+            // Rendering a large spec costs; an intact file waits for a change without one.
+            let recheck = (written.is_some() || failing.is_some()).then_some(self.recheck);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 'follow,
+                    changed = devices.changed() => match changed {
+                        Ok(()) => break,
+                        Err(_) => break 'follow,
+                    },
+                    _ = pause(recheck) => {}
+                }
+                if failing.is_some() {
+                    break;
+                }
+                let intact = written
+                    .as_ref()
+                    .is_none_or(|w| Identity::of(&self.path) == w.identity);
+                if intact {
+                    tampered = false;
+                    continue;
+                }
+                if !tampered {
+                    tracing::warn!(
+                        file = %self.path.display(),
+                        "the {} was removed or changed by someone else; writing it again",
+                        self.what
+                    );
+                }
+                tampered = true;
+                written = None;
+                break;
             }
         }
-        self.remove();
+        let keep = match self.keep_on_exit.take() {
+            Some(keep) if written.is_some() => keep().await,
+            _ => None,
+        };
+        match keep {
+            Some(reason) => tracing::info!(
+                file = %self.path.display(),
+                "keeping the {}: {reason}",
+                self.what
+            ),
+            None => self.remove(),
+        }
     }
 
     fn remove(&self) {
@@ -96,7 +186,7 @@ impl HostFile {
     }
 }
 
-/// Sleeps for `duration`, or forever when there is nothing to retry.
+/// Sleeps for `duration`, or forever when there is nothing to recheck.
 async fn pause(duration: Option<Duration>) {
     match duration {
         Some(duration) => tokio::time::sleep(duration).await,
@@ -105,9 +195,9 @@ async fn pause(duration: Option<Duration>) {
 }
 
 /// Replaces `path` with `text` in one step: a temporary file in the same dir (created if
-/// missing), then a rename. The temporary name starts with a dot and has no extension, so
-/// readers that pick files by suffix (`*.json` for CDI) skip it.
-pub(crate) fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
+/// missing), given `mode`, then a rename. The temporary name starts with a dot and has no
+/// extension, so readers that pick files by suffix (`*.json` for CDI) skip it.
+pub(crate) fn write_atomically(path: &Path, text: &str, mode: u32) -> io::Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -116,6 +206,9 @@ pub(crate) fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
     let mut file = tempfile::Builder::new()
         .prefix(".efa-device-plugin.")
         .tempfile_in(dir)?;
+    // The temp file is created 0600; fchmod is not subject to the umask.
+    file.as_file()
+        .set_permissions(Permissions::from_mode(mode))?;
     file.write_all(text.as_bytes())?;
     file.as_file().sync_all()?;
     file.persist(path).map_err(|err| err.error)?;
@@ -149,8 +242,10 @@ mod tests {
         let file = HostFile {
             path: path.clone(),
             what: "test file",
-            retry: Duration::from_millis(20),
+            recheck: Duration::from_millis(20),
+            mode: 0o644,
             failures: Some(failures.clone()),
+            keep_on_exit: None,
         };
         let state = DeviceState::default();
         state.apply(inventory(Shape::P4d).devices().cloned().collect());

@@ -21,8 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::allocation::Allocator;
 use crate::fswatch::{DirEvent, DirWatch};
 use crate::proto::deviceplugin::{
-    KUBELET_SOCKET, RegisterRequest, VERSION, device_plugin_server::DevicePluginServer,
-    registration_client::RegistrationClient,
+    KUBELET_SOCKET, RegisterRequest, VERSION, registration_client::RegistrationClient,
 };
 use crate::service::{PluginService, StreamHooks};
 use crate::state::{DeviceReader, PluginStatus};
@@ -42,6 +41,10 @@ const LAST_RETRY: Duration = Duration::from_secs(5);
 const REFUSED_PATIENCE: Duration = Duration::from_secs(1);
 /// A stream the kubelet keeps this long was not a rejection.
 const STABLE_AFTER: Duration = Duration::from_secs(3);
+/// The kubelet opens its ListAndWatch stream as soon as Register returns. A kubelet whose
+/// stream call failed leaves the plugin registered with no stream and never retries it, so no
+/// stream this long after Register counts as a failed registration.
+const STREAM_PATIENCE: Duration = Duration::from_secs(5);
 /// Longest pause between registrations while the kubelet keeps ending streams at once.
 const CHURN_CAP: Duration = Duration::from_secs(30);
 
@@ -51,6 +54,10 @@ enum Ending {
     SocketReplaced,
     KubeletSocketReplaced,
     StreamEnded,
+    /// Not an ending: the kubelet's stream is open, the registration works.
+    StreamOpened,
+    /// No stream within [`STREAM_PATIENCE`] of Register.
+    NoStream,
     Shutdown,
 }
 
@@ -114,8 +121,8 @@ impl Lifecycle {
         let Some(mut watch) = self.watch_dir(&shutdown).await else {
             return Ok(());
         };
-        let mut retry = FIRST_RETRY;
         let mut churn = Churn::default();
+        let mut failures = Failures::default();
         let mut last_kubelet: Option<FileIdentity> = None;
         let mut waiting_logged = false;
         loop {
@@ -147,18 +154,16 @@ impl Lifecycle {
                     continue;
                 }
                 Attempt::Failed(err) => {
-                    tracing::warn!(error = %format!("{err:#}"), retry_in = ?retry, "registration with the kubelet failed");
+                    let pause = failures.failed(format!("{err:#}"));
                     if !self
-                        .wait_for_kubelet(&mut watch, Some(retry), &shutdown)
+                        .wait_for_kubelet(&mut watch, Some(pause), &shutdown)
                         .await
                     {
                         return Ok(());
                     }
-                    retry = (retry * 2).min(LAST_RETRY);
                     continue;
                 }
             };
-            retry = FIRST_RETRY;
             // The kubelet registered with is the one whose socket is there now: a kubelet that
             // restarted between the look above and our dial was dialled instead. A later restart
             // would have deleted our socket, which ends this registration anyway.
@@ -175,19 +180,47 @@ impl Lifecycle {
                 s.registrations += 1;
                 s.kubelet_restarts += u64::from(restarted);
             });
-            if !churn.backing_off() {
+            let log_registered = |after_failures: u32| {
                 tracing::info!(
                     resource = %self.resource_name,
                     endpoint = PLUGIN_SOCKET,
                     kubelet_restarted = restarted,
                     devices = self.state.current().devices().len(),
+                    after_failures,
                     "registered with the kubelet"
                 );
+            };
+            // While registrations fail, one that has no stream yet may fail too: it is logged
+            // once its stream opens.
+            if !churn.backing_off() && !failures.failing() {
+                log_registered(0);
             }
 
-            let ended = self
-                .wait_until_ended(&generation, &mut watch, kubelet, &mut churn, &shutdown)
+            let mut ended = self
+                .wait_until_ended(
+                    &generation,
+                    &mut watch,
+                    kubelet,
+                    &mut churn,
+                    true,
+                    &shutdown,
+                )
                 .await;
+            if ended == Ending::StreamOpened {
+                if let Some(after) = failures.recovered() {
+                    log_registered(after);
+                }
+                ended = self
+                    .wait_until_ended(
+                        &generation,
+                        &mut watch,
+                        kubelet,
+                        &mut churn,
+                        false,
+                        &shutdown,
+                    )
+                    .await;
+            }
             self.status.send_modify(|s| s.registered = false);
             generation.stop().await;
             let pause = match ended {
@@ -200,12 +233,16 @@ impl Lifecycle {
                     continue;
                 }
                 Ending::StreamEnded => churn.stream_ended(),
+                Ending::NoStream => Some(failures.failed(format!(
+                    "the kubelet accepted Register but opened no ListAndWatch stream within {STREAM_PATIENCE:?}"
+                ))),
                 _ => {
                     churn.settle();
                     None
                 }
             };
-            if !churn.backing_off() {
+            // A failed registration has had its line.
+            if !churn.backing_off() && ended != Ending::NoStream {
                 tracing::info!(reason = ?ended, "registration ended; registering again");
             }
             if let Some(pause) = pause
@@ -296,7 +333,7 @@ impl Lifecycle {
             hooks: hooks.clone(),
             stop: stop.clone(),
         };
-        let server = uds::spawn_server(listener, DevicePluginServer::new(service), stop.clone());
+        let server = uds::spawn_server(listener, crate::service::server(service), stop.clone());
         let status_relay = tokio::spawn({
             let mut open = hooks.open_streams();
             let status = self.status.clone();
@@ -364,21 +401,36 @@ impl Lifecycle {
         }
     }
 
+    /// Waits for the registration to end; with `awaiting_stream`, returns
+    /// [`Ending::StreamOpened`] once a stream is open, or [`Ending::NoStream`] after
+    /// [`STREAM_PATIENCE`] without one. Any client's stream counts there: the kubelet's is only
+    /// told apart once it ends, and a foreign stream in those seconds at worst delays the
+    /// detection to the next registration.
     async fn wait_until_ended(
         &self,
         generation: &Generation,
         watch: &mut DirWatch,
         kubelet: Option<FileIdentity>,
         churn: &mut Churn,
+        awaiting_stream: bool,
         shutdown: &CancellationToken,
     ) -> Ending {
         let stable = tokio::time::sleep(STABLE_AFTER);
         tokio::pin!(stable);
+        let patience = tokio::time::sleep(STREAM_PATIENCE);
+        tokio::pin!(patience);
+        let mut streams = generation.hooks.open_streams();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ending::Shutdown,
                 _ = generation.hooks.ended_by_kubelet() => return Ending::StreamEnded,
-                _ = &mut stable, if churn.streak > 0 => churn.settle(),
+                // The sender lives in the hooks this generation holds: no error to tell apart.
+                _ = async { streams.wait_for(|open| *open > 0).await.is_ok() }, if awaiting_stream => {
+                    return Ending::StreamOpened;
+                }
+                _ = &mut patience, if awaiting_stream => return Ending::NoStream,
+                // Counted from the stream's opening, not from Register.
+                _ = &mut stable, if churn.streak > 0 && !awaiting_stream => churn.settle(),
                 events = watch.next() => {
                     if events.is_err() {
                         return Ending::SocketReplaced;
@@ -459,6 +511,52 @@ impl Churn {
     }
 }
 
+/// Consecutive failed registrations: refused, unreachable, or accepted without a stream. A
+/// kubelet that keeps refusing is tried every few seconds for as long as it refuses, so each
+/// attempt is not logged: only the first failure, a failure for another reason, and the
+/// registration that ends the streak.
+#[derive(Default)]
+struct Failures {
+    count: u32,
+    logged: Option<String>,
+    /// The last pause; the next doubles it, up to [`LAST_RETRY`].
+    paused: Option<Duration>,
+}
+
+impl Failures {
+    /// Counts a failure and returns the pause before the next attempt: [`FIRST_RETRY`], then
+    /// doubling up to [`LAST_RETRY`].
+    fn failed(&mut self, error: String) -> Duration {
+        self.count += 1;
+        let pause = self
+            .paused
+            .map_or(FIRST_RETRY, |last| (last * 2).min(LAST_RETRY));
+        self.paused = Some(pause);
+        if self.logged.as_ref() == Some(&error) {
+            tracing::debug!(error, attempts = self.count, retry_in = ?pause, "registration with the kubelet failed again");
+            return pause;
+        }
+        tracing::warn!(
+            error,
+            retry_in = ?pause,
+            max_pause = ?LAST_RETRY,
+            "registration with the kubelet failed; retrying with growing pauses, logged again only if the error changes"
+        );
+        self.logged = Some(error);
+        pause
+    }
+
+    fn failing(&self) -> bool {
+        self.count > 0
+    }
+
+    /// A registration worked: how many failed before it, if any.
+    fn recovered(&mut self) -> Option<u32> {
+        let failed = std::mem::take(self).count;
+        (failed > 0).then_some(failed)
+    }
+}
+
 /// Holds the device-plugin dir for one plugin: two plugins on one dir would replace each
 /// other's socket and re-register in turn forever.
 pub(crate) struct DirLock {
@@ -515,5 +613,23 @@ async fn persist<T>(
             _ = shutdown.cancelled() => return None,
             _ = tokio::time::sleep(LAST_RETRY) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failed_registrations_pause_longer_until_one_works() {
+        let mut failures = Failures::default();
+        let pauses: Vec<u64> = (0..9)
+            .map(|_| failures.failed("refused".into()).as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, [100, 200, 400, 800, 1600, 3200, 5000, 5000, 5000]);
+        assert!(failures.failing());
+        assert_eq!(failures.recovered(), Some(9));
+        assert_eq!(failures.recovered(), None);
+        assert_eq!(failures.failed("refused".into()), FIRST_RETRY);
     }
 }

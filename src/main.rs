@@ -1,3 +1,4 @@
+use std::io::Write;
 use std::process::ExitCode;
 
 use clap::error::ErrorKind;
@@ -19,7 +20,7 @@ fn main() -> ExitCode {
         Err(err) => {
             // One line that names the flag, variable or file: usage text would bury it.
             let rendered = err.render().to_string();
-            eprintln!("{}", rendered.lines().next().unwrap_or("invalid arguments"));
+            say(rendered.lines().next().unwrap_or("invalid arguments"));
             return ExitCode::from(2);
         }
     };
@@ -29,20 +30,26 @@ fn main() -> ExitCode {
         #[cfg(feature = "demo")]
         Command::Demo => efa_device_plugin::demo::run(),
         Command::Config => serde_yaml::to_string(&settings)
-            .map(|yaml| print!("{yaml}"))
-            .map_err(Into::into),
+            .map_err(anyhow::Error::from)
+            .and_then(|yaml| Ok(std::io::stdout().write_all(yaml.as_bytes())?)),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         // Found wrong only once the node is scanned, but still a setting: the same exit as a
         // bad flag.
         Err(err) if err.downcast_ref::<config::ConfigError>().is_some() => {
-            eprintln!("{err}");
+            say(&err.to_string());
             ExitCode::from(2)
         }
         Err(err) => {
-            eprintln!("error: {err:#}");
+            say(&format!("error: {err:#}"));
             ExitCode::FAILURE
         }
     }
+}
+
+/// One line on stderr. `eprintln!` panics when stderr is a closed pipe, and the release build
+/// aborts on a panic: the exit status must still be the one chosen.
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
 }

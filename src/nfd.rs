@@ -46,18 +46,21 @@ pub(crate) fn render(inventory: &Inventory) -> String {
 }
 
 /// Keeps `path` current with the device state until `shutdown`, then removes it; a failed
-/// write is tried again every `retry`.
+/// write is tried again, and the file on disk compared with the rendering, every `recheck`.
 pub(crate) async fn run(
     path: PathBuf,
-    retry: Duration,
+    recheck: Duration,
     state: DeviceReader,
     shutdown: CancellationToken,
 ) {
     let file = HostFile {
         path,
         what: "NFD feature file",
-        retry,
+        recheck,
+        // Read by NFD's worker, which runs as nobody (uid 65534).
+        mode: 0o644,
         failures: None,
+        keep_on_exit: None,
     };
     file.follow(state, |inventory| Some(render(inventory)), shutdown)
         .await

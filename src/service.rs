@@ -3,16 +3,23 @@
 //! Device state is read from [`crate::state`], allocation decided by [`crate::allocation`];
 //! nothing here owns data. One service instance lives for one registration generation.
 
+use std::convert::Infallible;
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
-use prost::Message;
-use tokio::sync::{Notify, mpsc, watch};
+use hyper::body::Frame;
+use prost::bytes::{BufMut, Bytes, BytesMut};
+use tokio::sync::{Notify, watch};
 use tokio_stream::Stream;
-use tokio_stream::wrappers::ReceiverStream;
-use tokio_util::sync::CancellationToken;
+use tokio_stream::wrappers::WatchStream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 
 use crate::allocation::sharing::Sharing;
@@ -21,7 +28,8 @@ use crate::config::ConfigError;
 use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     NumaNode, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-    PreferredAllocationResponse, TopologyInfo, UNHEALTHY, device_plugin_server::DevicePlugin,
+    PreferredAllocationResponse, TopologyInfo, UNHEALTHY,
+    device_plugin_server::{DevicePlugin, DevicePluginServer, SERVICE_NAME},
 };
 use crate::state::{DeviceRecord, Inventory};
 
@@ -87,6 +95,7 @@ impl Drop for StreamGuard {
     }
 }
 
+/// The service of one generation; [`server`] makes the gRPC server that answers for it.
 pub(crate) struct PluginService {
     pub devices: watch::Receiver<Arc<Inventory>>,
     pub allocator: Arc<Allocator>,
@@ -95,49 +104,112 @@ pub(crate) struct PluginService {
     pub stop: CancellationToken,
 }
 
-/// The device list as the kubelet sees it: every advertised ID of an EFA carries its health
-/// and NUMA node.
-pub(crate) fn list_response(inventory: &Inventory, sharing: Sharing) -> ListAndWatchResponse {
-    ListAndWatchResponse {
-        devices: inventory
-            .devices()
-            .flat_map(|record| {
-                sharing
-                    .advertised(&record.efa.id)
-                    .map(move |id| to_device(id, record))
-            })
-            .collect(),
-    }
+/// Every advertised ID of the snapshot as the kubelet sees it, with its EFA's health and NUMA
+/// node, one at a time: the list is only ever held encoded.
+fn advertised(inventory: &Inventory, sharing: Sharing) -> impl Iterator<Item = Device> + '_ {
+    inventory.devices().flat_map(move |record| {
+        sharing
+            .advertised(&record.efa.id)
+            .map(move |id| to_device(id, record))
+    })
 }
+
+/// The `devices` field (1) of a `ListAndWatchResponse`, one device at a time.
+fn encoded_len(devices: impl Iterator<Item = Device>) -> usize {
+    devices
+        .map(|device| prost::encoding::message::encoded_len(1, &device))
+        .sum()
+}
+
+/// The device list of `inventory` as one gRPC message frame: the compression flag, the length,
+/// then the `ListAndWatchResponse` itself.
+fn encode_frame(inventory: &Inventory, sharing: Sharing) -> Bytes {
+    let len = encoded_len(advertised(inventory, sharing));
+    let mut frame = BytesMut::with_capacity(GRPC_HEADER + len);
+    frame.put_u8(0);
+    // The kubelet's limit is far below 4 GiB, which start-up checks.
+    frame.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+    for device in advertised(inventory, sharing) {
+        prost::encoding::message::encode(1, &device, &mut frame);
+    }
+    frame.freeze()
+}
+
+/// A gRPC message's prefix: a compression flag and a 4-byte length.
+const GRPC_HEADER: usize = 5;
 
 /// The kubelet reads ListAndWatch with gRPC's default receive limit and drops a stream whose
 /// message is larger, every time it is sent.
 pub(crate) const KUBELET_MESSAGE_LIMIT: usize = 4 << 20;
 
+/// The memory limit the shipped manifests give the pod.
+pub(crate) const POD_MEMORY_LIMIT: usize = 64 << 20;
+
+/// The share of [`POD_MEMORY_LIMIT`] the device list may take at its peak: the rest is for the
+/// plugin itself, scrapes, Allocate and GetPreferredAllocation requests, and allocator slack.
+const LIST_MEMORY_BUDGET: usize = POD_MEMORY_LIMIT / 4 * 3;
+
+/// What the plugin holds besides its device list, measured (VmHWM) with no sharing.
+const BASE_MEMORY: usize = BASE_MEMORY_MIB << 20;
+const BASE_MEMORY_MIB: usize = 8;
+
+/// Copies of the encoded list alive at a change at most: the current frame, the one being
+/// encoded, and one a slow stream still holds.
+const LIST_COPIES: usize = 3;
+
+/// What the CDI spec writer holds per advertised ID at its peak, when a change renders the spec
+/// again while the last one is kept: two texts of about 300 bytes per device, their growth
+/// slack, and the rendered devices (`benches/memory.rs`: 810 EFAs × 64 in cdi mode peaked at
+/// 52.5 MiB, 785 bytes per ID over the device-specs figure).
+const CDI_BYTES_PER_ID: usize = 800;
+
 /// Refuses a sharing count under which the device list of `inventory` could exceed
-/// [`KUBELET_MESSAGE_LIMIT`]. Sized for the worst case, every ID `Unhealthy` (the longest
-/// health), so no health change can push a list that passed over the limit.
-pub(crate) fn check_list_fits(inventory: &Inventory, sharing: Sharing) -> Result<(), ConfigError> {
+/// [`KUBELET_MESSAGE_LIMIT`], or the memory it takes at its peak (in cdi mode, with the spec
+/// writer's) the pod's limit. Sized for the worst case, every ID `Unhealthy` (the longest
+/// health), so no health change can push a list that passed over either.
+pub(crate) fn check_sharing_fits(
+    inventory: &Inventory,
+    sharing: Sharing,
+    cdi: bool,
+) -> Result<(), ConfigError> {
     let size = |sharing: Sharing| {
-        let mut list = list_response(inventory, sharing);
-        for device in &mut list.devices {
+        encoded_len(advertised(inventory, sharing).map(|mut device| {
             device.health = UNHEALTHY.into();
-        }
-        list.encoded_len()
+            device
+        }))
     };
-    let worst = size(sharing);
-    if worst <= KUBELET_MESSAGE_LIMIT {
+    let memory = |sharing: Sharing| {
+        let ids = inventory.devices().len() * sharing.replicas.get() as usize;
+        BASE_MEMORY + LIST_COPIES * size(sharing) + if cdi { ids * CDI_BYTES_PER_ID } else { 0 }
+    };
+    let fits = |sharing: Sharing| {
+        size(sharing) <= KUBELET_MESSAGE_LIMIT && memory(sharing) <= LIST_MEMORY_BUDGET
+    };
+    if fits(sharing) {
         return Ok(());
     }
     let replicas = sharing.replicas.get();
+    // Both grow with the count, so the largest that fits is found by bisection.
     let fitting = (1..replicas)
-        .rev()
-        .filter_map(NonZeroU32::new)
-        .find(|&r| size(Sharing::replicas(r)) <= KUBELET_MESSAGE_LIMIT)
-        .map_or(0, NonZeroU32::get);
+        .collect::<Vec<_>>()
+        .partition_point(|&r| NonZeroU32::new(r).is_some_and(|r| fits(Sharing::replicas(r))));
+    let efas = inventory.devices().len();
+    let worst = size(sharing);
+    let why = if worst > KUBELET_MESSAGE_LIMIT {
+        format!(
+            "{efas} EFAs make a device list of up to {worst} bytes, over the kubelet's {KUBELET_MESSAGE_LIMIT}-byte message limit"
+        )
+    } else {
+        format!(
+            "{efas} EFAs{} need about {} MiB at a change, over the {} MiB of the pod's {} MiB memory limit the device list may take",
+            if cdi { " in cdi mode" } else { "" },
+            memory(sharing) >> 20,
+            LIST_MEMORY_BUDGET >> 20,
+            POD_MEMORY_LIMIT >> 20,
+        )
+    };
     Err(ConfigError(format!(
-        "--sharing-replicas (sharing.replicas) {replicas}: {} EFAs make a device list of up to {worst} bytes, over the kubelet's {KUBELET_MESSAGE_LIMIT}-byte message limit; at most {fitting} fit",
-        inventory.devices().len(),
+        "--sharing-replicas (sharing.replicas) {replicas}: {why}; at most {fitting} fit"
     )))
 }
 
@@ -157,7 +229,7 @@ fn to_device(id: String, record: &DeviceRecord) -> Device {
 /// millisecond, less than handing them to another thread would cost in latency.
 const INLINE_OFFER: usize = 512;
 
-type ListStream = Pin<Box<dyn Stream<Item = Result<ListAndWatchResponse, Status>> + Send>>;
+type ListStream = tokio_stream::Empty<Result<ListAndWatchResponse, Status>>;
 
 #[tonic::async_trait]
 impl DevicePlugin for PluginService {
@@ -173,34 +245,15 @@ impl DevicePlugin for PluginService {
 
     type ListAndWatchStream = ListStream;
 
+    /// Never reached: [`PluginServer`] answers ListAndWatch itself, with the shared frames
+    /// this trait's per-stream messages could not carry.
     async fn list_and_watch(
         &self,
         _: Request<Empty>,
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
-        let (tx, rx) = mpsc::channel(4);
-        let mut devices = self.devices.clone();
-        let sharing = self.allocator.sharing();
-        let stop = self.stop.clone();
-        let guard = StreamGuard::new(self.hooks.clone(), stop.clone());
-        tokio::spawn(async move {
-            let _guard = guard;
-            let mut last_sent = None;
-            loop {
-                let snapshot = list_response(&devices.borrow_and_update(), sharing);
-                if last_sent.as_ref() != Some(&snapshot) {
-                    if tx.send(Ok(snapshot.clone())).await.is_err() {
-                        return;
-                    }
-                    last_sent = Some(snapshot);
-                }
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tx.closed() => return,
-                    changed = devices.changed() => if changed.is_err() { return },
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        Err(Status::internal(
+            "ListAndWatch is served by the plugin's own route",
+        ))
     }
 
     async fn get_preferred_allocation(
@@ -250,5 +303,240 @@ impl DevicePlugin for PluginService {
         _: Request<PreStartContainerRequest>,
     ) -> Result<Response<PreStartContainerResponse>, Status> {
         Ok(Response::new(PreStartContainerResponse {}))
+    }
+}
+
+/// ListAndWatch streams served at once, not counting the kubelet's, which is always accepted.
+/// The kubelet opens one per registration; the rest leaves room for a debugging tool or two,
+/// while a client opening streams in a loop gets [`Status::resource_exhausted`] instead of
+/// the plugin's memory.
+pub(crate) const MAX_STREAMS: usize = 8;
+
+const LIST_AND_WATCH: &str = "/v1beta1.DevicePlugin/ListAndWatch";
+
+/// The device list of the latest snapshot, encoded once for every stream of the generation.
+struct Lists {
+    sharing: Sharing,
+    latest: Mutex<Option<(Arc<Inventory>, Bytes)>>,
+}
+
+impl Lists {
+    /// The frame for `inventory`. A snapshot whose list did not change keeps the frame it had,
+    /// so a stream can tell by identity alone that it has nothing new to send.
+    fn frame(&self, inventory: &Arc<Inventory>) -> Bytes {
+        let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((seen, frame)) = latest.as_ref()
+            && Arc::ptr_eq(seen, inventory)
+        {
+            return frame.clone();
+        }
+        let mut frame = encode_frame(inventory, self.sharing);
+        if let Some((_, unchanged)) = latest.take().filter(|(_, old)| *old == frame) {
+            frame = unchanged;
+        }
+        *latest = Some((inventory.clone(), frame.clone()));
+        frame
+    }
+}
+
+/// The generation's gRPC service: ListAndWatch answered here, from frames shared by every
+/// stream (each holds a reference, not a copy, however many are open or slow to read), the
+/// other methods by the generated server.
+#[derive(Clone)]
+pub(crate) struct PluginServer {
+    service: Arc<PluginService>,
+    lists: Arc<Lists>,
+    grpc: DevicePluginServer<PluginService>,
+}
+
+pub(crate) fn server(service: PluginService) -> PluginServer {
+    let service = Arc::new(service);
+    PluginServer {
+        lists: Arc::new(Lists {
+            sharing: service.allocator.sharing(),
+            latest: Mutex::default(),
+        }),
+        grpc: DevicePluginServer::from_arc(service.clone()),
+        service,
+    }
+}
+
+impl NamedService for PluginServer {
+    const NAME: &'static str = SERVICE_NAME;
+}
+
+type ResponseFuture =
+    Pin<Box<dyn Future<Output = Result<http::Response<Body>, Infallible>> + Send + 'static>>;
+
+impl tower::Service<http::Request<Body>> for PluginServer {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = ResponseFuture;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> ResponseFuture {
+        if request.uri().path() != LIST_AND_WATCH {
+            return self.grpc.call(request);
+        }
+        let opened = self.open_stream();
+        Box::pin(async move {
+            // The request is an `Empty`; read it to its end, as a unary server would, before
+            // answering.
+            let _ = http_body_util::BodyExt::collect(http_body_util::Limited::new(
+                request.into_body(),
+                1024,
+            ))
+            .await;
+            Ok(match opened {
+                Ok(list) => {
+                    let mut response = http::Response::new(Body::new(list));
+                    response.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/grpc"),
+                    );
+                    response
+                }
+                Err(status) => status.into_http(),
+            })
+        })
+    }
+}
+
+impl PluginServer {
+    fn open_stream(&self) -> Result<ListBody, Status> {
+        let service = &self.service;
+        let hooks = &service.hooks;
+        let others = hooks.open.borrow().saturating_sub(usize::from(
+            hooks.kubelet_stream_opened.load(Ordering::Acquire),
+        ));
+        let guard = StreamGuard::new(hooks.clone(), service.stop.clone());
+        if !guard.kubelets && others >= MAX_STREAMS {
+            return Err(Status::resource_exhausted(format!(
+                "at most {MAX_STREAMS} ListAndWatch streams are served at once; close one first"
+            )));
+        }
+        Ok(ListBody {
+            devices: WatchStream::new(service.devices.clone()),
+            lists: self.lists.clone(),
+            sent: None,
+            stopped: Box::pin(service.stop.clone().cancelled_owned()),
+            ended: false,
+            _guard: guard,
+        })
+    }
+}
+
+/// One ListAndWatch stream: the full list at once and after every change, until the generation
+/// stops (then `OK`) or the client goes (then hyper drops it, and the guard counts it closed).
+struct ListBody {
+    devices: WatchStream<Arc<Inventory>>,
+    lists: Arc<Lists>,
+    /// The frame last sent, compared by identity.
+    sent: Option<Bytes>,
+    stopped: Pin<Box<WaitForCancellationFutureOwned>>,
+    ended: bool,
+    _guard: StreamGuard,
+}
+
+impl hyper::body::Body for ListBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        loop {
+            let inventory = match this.stopped.as_mut().poll(cx) {
+                Poll::Ready(()) => None,
+                Poll::Pending => match Pin::new(&mut this.devices).poll_next(cx) {
+                    Poll::Ready(next) => next,
+                    Poll::Pending => return Poll::Pending,
+                },
+            };
+            let Some(inventory) = inventory else {
+                this.ended = true;
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert(Status::GRPC_STATUS, http::HeaderValue::from_static("0"));
+                return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+            };
+            let frame = this.lists.frame(&inventory);
+            if this.sent.as_ref().is_some_and(|sent| same(sent, &frame)) {
+                continue;
+            }
+            this.sent = Some(frame.clone());
+            return Poll::Ready(Some(Ok(Frame::data(frame))));
+        }
+    }
+}
+
+/// Whether two frames are one and the same, not merely equal.
+fn same(a: &Bytes, b: &Bytes) -> bool {
+    a.as_ptr() == b.as_ptr() && a.len() == b.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use prost::Message;
+
+    use super::*;
+    use crate::testkit::simulate::{Shape, inventory};
+
+    fn shared(n: u32) -> Sharing {
+        Sharing::replicas(NonZeroU32::new(n).unwrap())
+    }
+
+    #[test]
+    fn a_cdi_spec_too_large_for_the_pods_memory_is_refused_with_the_largest_count_that_fits() {
+        // The most EFAs whose list at 64 replicas fits the kubelet's message limit.
+        let dense = inventory(Shape::Dense(1780));
+        assert_eq!(check_sharing_fits(&dense, shared(64), false), Ok(()));
+        let refused = check_sharing_fits(&dense, shared(64), true).unwrap_err().0;
+        assert!(
+            refused.starts_with("--sharing-replicas (sharing.replicas) 64:"),
+            "{refused}"
+        );
+        assert!(
+            refused.contains("cdi mode") && refused.contains("64 MiB"),
+            "{refused}"
+        );
+        let fitting: u32 = refused
+            .rsplit("at most ")
+            .next()
+            .unwrap()
+            .trim_end_matches(" fit")
+            .parse()
+            .unwrap();
+        assert!((1..64).contains(&fitting), "{refused}");
+        assert_eq!(check_sharing_fits(&dense, shared(fitting), true), Ok(()));
+        assert!(check_sharing_fits(&dense, shared(fitting + 1), true).is_err());
+    }
+
+    #[test]
+    fn every_stream_gets_the_same_frame_until_the_list_changes() {
+        let lists = Lists {
+            sharing: shared(4),
+            latest: Mutex::default(),
+        };
+        let first = Arc::new(inventory(Shape::P5));
+        let frame = lists.frame(&first);
+        assert!(same(&frame, &lists.frame(&first)));
+        // A new snapshot with the same list keeps the frame; a changed one gets its own.
+        assert!(same(&frame, &lists.frame(&Arc::new(inventory(Shape::P5)))));
+        let changed = lists.frame(&Arc::new(inventory(Shape::P4d)));
+        assert!(!same(&frame, &changed));
+        let decoded = ListAndWatchResponse::decode(&changed[GRPC_HEADER..]).unwrap();
+        assert_eq!(decoded.devices.len(), 4 * 4);
+        assert_eq!(
+            changed.len() - GRPC_HEADER,
+            u32::from_be_bytes(changed[1..5].try_into().unwrap()) as usize
+        );
     }
 }

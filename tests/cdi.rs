@@ -1,5 +1,6 @@
 //! The cdi device-list strategy and allocate.env against the real binary: what Allocate answers
-//! in either mode, and the CDI spec file's whole life (written, rewritten, retried, removed).
+//! in either mode, and the CDI spec file's whole life (written, rewritten, retried, kept or
+//! removed on exit).
 
 mod support;
 
@@ -8,11 +9,14 @@ use std::path::PathBuf;
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateRequest,
 };
+use efa_device_plugin::proto::podresources::PodResources;
+use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::{self, Shape};
 use support::{Harness, assert_one_line_error, eventually, run_binary, sample, write_config};
 
 const SPEC_FILE: &str = "vpc.amazonaws.com-efa.json";
 const FAILURES: &str = "efa_device_plugin_cdi_spec_write_failures_total";
+const RESOURCE: &str = "vpc.amazonaws.com/efa";
 
 fn spec_dir(h: &Harness) -> PathBuf {
     h.root.path().join("cdi")
@@ -116,6 +120,48 @@ async fn cdi_mode_answers_qualified_names_and_no_device_specs() {
     assert_eq!(node["permissions"], "rw");
 }
 
+/// Values with commas and `=` reach the spec and the Allocate answer whole, from repeated flags
+/// and from the variable's map alike.
+#[tokio::test]
+async fn env_values_with_commas_survive_the_flag_and_the_variable() {
+    let expected = ["NCCL_SOCKET_IFNAME=^lo,docker", "OPTS=a=1,b=2"];
+    let from_flags = cdi_plugin(
+        Shape::P4d,
+        &[
+            "--allocate-env",
+            "OPTS=a=1,b=2",
+            "--allocate-env",
+            "NCCL_SOCKET_IFNAME=^lo,docker",
+        ],
+    )
+    .await;
+    let mut from_variable = Harness::new(Shape::P4d);
+    let dir = spec_dir(&from_variable).display().to_string();
+    from_variable.spawn_plugin_with(
+        &["--device-list-strategy", "cdi", "--cdi-spec-dir", &dir],
+        |command| {
+            command.env(
+                "EFA_DP_ALLOCATE_ENV",
+                r#"{"OPTS": "a=1,b=2", "NCCL_SOCKET_IFNAME": "^lo,docker"}"#,
+            );
+        },
+    );
+    from_variable.registered().await;
+    for h in [&from_flags, &from_variable] {
+        eventually("the spec", || read_spec(h).is_some()).await;
+        let spec = read_spec(h).unwrap();
+        assert_eq!(spec["containerEdits"]["env"], serde_json::json!(expected));
+        let response = allocate(h, &[&["rdmap16s27"]]).await;
+        let mut envs: Vec<String> = response.container_responses[0]
+            .envs
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        envs.sort();
+        assert_eq!(envs, expected);
+    }
+}
+
 #[tokio::test]
 async fn device_specs_mode_adds_the_env_to_every_container() {
     let mut h = Harness::new(Shape::P4d);
@@ -126,7 +172,9 @@ async fn device_specs_mode_adds_the_env_to_every_container() {
         "--allocate-env",
         "FI_PROVIDER=efa",
         "--allocate-env",
-        "NCCL_SOCKET_IFNAME=^lo,docker,FI_EFA_USE_DEVICE_RDMA=1",
+        "NCCL_SOCKET_IFNAME=^lo,docker",
+        "--allocate-env",
+        "FI_EFA_USE_DEVICE_RDMA=1",
     ]);
     h.registered().await;
     let response = allocate(&h, &[&["rdmap16s27"], &["rdmap32s27"]]).await;
@@ -172,7 +220,7 @@ async fn shared_efas_have_one_cdi_device_per_replica() {
 }
 
 #[tokio::test]
-async fn spec_follows_the_devices_and_goes_on_sigterm() {
+async fn spec_follows_the_devices_and_outlives_a_plugin_that_cannot_tell_who_needs_it() {
     let mut h = cdi_plugin(Shape::P4d, &[]).await;
     let initial = spec_names(&read_spec(&h).unwrap());
     assert_eq!(initial.len(), 4);
@@ -195,9 +243,48 @@ async fn spec_follows_the_devices_and_goes_on_sigterm() {
     let leftovers: Vec<_> = std::fs::read_dir(spec_dir(&h)).unwrap().flatten().collect();
     assert_eq!(leftovers.len(), 1, "only the spec, no temporary file");
 
+    // No PodResources socket in this harness: whether a container still needs the spec cannot
+    // be known, so it stays.
     let (status, _) = h.terminate_plugin();
     assert!(status.success());
-    assert!(!spec_dir(&h).join(SPEC_FILE).exists(), "removed on SIGTERM");
+    assert!(spec_dir(&h).join(SPEC_FILE).exists(), "kept on SIGTERM");
+    assert!(h.plugin_log().contains("keeping the CDI spec"));
+}
+
+/// Stops a cdi-mode plugin whose kubelet says `holders` hold EFAs, and tells whether the spec
+/// is left behind.
+async fn spec_left_after_sigterm(holders: Vec<PodResources>) -> bool {
+    let mut h = Harness::new(Shape::P4d);
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let _kubelet = PodResourcesStub::start(&socket, holders).unwrap();
+    let dir = spec_dir(&h).display().to_string();
+    h.spawn_plugin(&["--device-list-strategy", "cdi", "--cdi-spec-dir", &dir]);
+    h.registered().await;
+    eventually("the spec", || read_spec(&h).is_some()).await;
+    // Waited for off the runtime thread: the PodResources stand-in on it must answer the
+    // plugin's last question.
+    let (h, (status, _)) = tokio::task::spawn_blocking(move || {
+        let stopped = h.terminate_plugin();
+        (h, stopped)
+    })
+    .await
+    .unwrap();
+    assert!(status.success());
+    spec_dir(&h).join(SPEC_FILE).exists()
+}
+
+#[tokio::test]
+async fn the_spec_stays_while_a_container_holds_an_efa_and_goes_when_none_does() {
+    let holder = pod("ml", "trainer-0", "main", RESOURCE, &["rdmap16s27"]);
+    assert!(
+        spec_left_after_sigterm(vec![holder]).await,
+        "a holder may restart"
+    );
+    let other = pod("ml", "gpu-only", "main", "nvidia.com/gpu", &["GPU-0"]);
+    assert!(
+        !spec_left_after_sigterm(vec![other]).await,
+        "nobody needs it"
+    );
 }
 
 #[tokio::test]
@@ -277,7 +364,7 @@ fn strategy_spec_dir_and_env_come_from_flags_env_or_file() {
         &["--config", &config, "config"],
         &[
             ("EFA_DP_DEVICE_LIST_STRATEGY", "device-specs"),
-            ("EFA_DP_ALLOCATE_ENV", "A=1,B=2"),
+            ("EFA_DP_ALLOCATE_ENV", "{A: 1, B: 2}"),
         ],
     );
     assert_eq!(from_env["device-list-strategy"], "device-specs");
@@ -290,7 +377,7 @@ fn strategy_spec_dir_and_env_come_from_flags_env_or_file() {
 
     let from_flag = effective(
         &["--config", &config, "--allocate-env", "C=3", "config"],
-        &[("EFA_DP_ALLOCATE_ENV", "A=1")],
+        &[("EFA_DP_ALLOCATE_ENV", "{A: 1}")],
     );
     assert_eq!(
         from_flag["allocate"]["env"],
@@ -309,16 +396,21 @@ fn bad_strategy_and_env_are_refused_with_one_line() {
         &["--allocate-env", "FI-PROVIDER"],
     );
     assert_one_line_error(
-        run_binary(&["--allocate-env", "A=1,B-C=2"], &[]),
-        &["--allocate-env", "B-C"],
+        run_binary(&[], &[("EFA_DP_ALLOCATE_ENV", "{A: 1, B-C: 2}")]),
+        &["EFA_DP_ALLOCATE_ENV", "B-C"],
+    );
+    // The syntax of the flag is no map, and the variable's no pair list.
+    assert_one_line_error(
+        run_binary(&[], &[("EFA_DP_ALLOCATE_ENV", "A=1,B=2")]),
+        &["EFA_DP_ALLOCATE_ENV", "map"],
     );
     assert_one_line_error(
         run_binary(&["--allocate-env", "FI_PROVIDER"], &[]),
         &["--allocate-env", "KEY=VALUE"],
     );
     assert_one_line_error(
-        run_binary(&[], &[("EFA_DP_ALLOCATE_ENV", "1X=y")]),
-        &["allocate-env", "1X"],
+        run_binary(&[], &[("EFA_DP_ALLOCATE_ENV", "{1X: y}")]),
+        &["EFA_DP_ALLOCATE_ENV", "1X"],
     );
     assert_one_line_error(
         run_binary(

@@ -102,7 +102,7 @@ fn unparsable_durations_name_their_source() {
     );
     assert_one_line_error(
         run_binary(&[], &[("EFA_DP_RESCAN_INTERVAL", "5 parsecs")]),
-        &["rescan-interval"],
+        &["EFA_DP_RESCAN_INTERVAL", "parsecs"],
     );
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(dir.path(), "rescan-interval: whenever\n");
@@ -123,6 +123,105 @@ fn rescan_intervals_below_100ms_are_refused() {
     let (code, stdout, stderr) = run_binary(&["--rescan-interval", "100ms", "config"], &[]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("rescan-interval: 100ms"), "{stdout}");
+}
+
+#[test]
+fn rescan_intervals_above_an_hour_are_refused() {
+    // 200000000000y overflowed the runtime's clock at the first /healthz, 500000000000y at start.
+    for interval in ["61m", "200000000000y", "500000000000y"] {
+        assert_one_line_error(
+            run_binary(&["--rescan-interval", interval, "config"], &[]),
+            &["--rescan-interval", interval, "at most 1h"],
+        );
+        assert_one_line_error(
+            run_binary(&["config"], &[("EFA_DP_RESCAN_INTERVAL", interval)]),
+            &["EFA_DP_RESCAN_INTERVAL", "at most 1h"],
+        );
+    }
+    let (code, stdout, stderr) = run_binary(&["--rescan-interval", "1h", "config"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("rescan-interval: 1h"), "{stdout}");
+}
+
+#[test]
+fn a_config_file_of_comments_only_means_the_defaults() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, defaults, _) = run_binary(&["config"], &[]);
+    for text in [
+        "",
+        "\n",
+        "# settings for efa-device-plugin\n# rescan-interval: 2s\n",
+    ] {
+        let config = write_config(dir.path(), text);
+        let (code, stdout, stderr) = run_binary(&["--config", &config, "config"], &[]);
+        assert_eq!(code, 0, "{text:?}: {stderr}");
+        assert_eq!(stdout, defaults, "{text:?}");
+    }
+}
+
+#[test]
+fn allocate_env_numbers_and_booleans_reach_containers_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "allocate:\n  env:\n    NCCL_VERSION: 1.10\n    MASK: 0x10\n    FLAG: True\n    RDMA: 1\n",
+    );
+    let env_of = |args: &[&str], env: &[(&str, &str)]| {
+        let (code, stdout, stderr) = run_binary(args, env);
+        assert_eq!(code, 0, "{stderr}");
+        let effective: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+        effective["allocate"]["env"].clone()
+    };
+    let expected: serde_yaml::Value =
+        serde_yaml::from_str("{FLAG: 'True', MASK: '0x10', NCCL_VERSION: '1.10', RDMA: '1'}")
+            .unwrap();
+    assert_eq!(env_of(&["--config", &config, "config"], &[]), expected);
+    assert_eq!(
+        env_of(
+            &["config"],
+            &[(
+                "EFA_DP_ALLOCATE_ENV",
+                "{NCCL_VERSION: 1.10, MASK: 0x10, FLAG: True, RDMA: 1}"
+            )]
+        ),
+        expected
+    );
+}
+
+#[test]
+fn an_empty_path_is_refused_naming_its_flag_variable_or_key() {
+    let dir = tempfile::tempdir().unwrap();
+    for flag in [
+        "sysfs-root",
+        "dev-root",
+        "device-plugin-dir",
+        "pod-resources-socket",
+        "plugins-registry-dir",
+        "cdi-spec-dir",
+        "config",
+    ] {
+        let variable = format!("EFA_DP_{}", flag.to_uppercase().replace('-', "_"));
+        let dashed = format!("--{flag}");
+        for blank in ["", " "] {
+            assert_one_line_error(
+                run_binary(&[&dashed, blank, "config"], &[]),
+                &[&dashed, "empty"],
+            );
+            let (code, _, stderr) = run_binary(&["config"], &[(&variable, blank)]);
+            assert_eq!(code, 2, "{variable}={blank:?}: {stderr}");
+            assert_one_line_error((code, String::new(), stderr), &[&variable, "empty"]);
+        }
+        if flag != "config" {
+            let config = write_config(dir.path(), &format!("{flag}: \"\"\n"));
+            let (code, _, stderr) = run_binary(&["--config", &config, "config"], &[]);
+            assert_eq!(code, 2, "{flag} in the file: {stderr}");
+            assert_one_line_error((code, String::new(), stderr), &[&config, flag, "empty"]);
+        }
+    }
+    // The one path whose empty value has a meaning: no NFD file.
+    let (code, stdout, stderr) = run_binary(&["--nfd-features-file", "", "config"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("nfd-features-file: ''"), "{stdout}");
 }
 
 #[test]

@@ -103,6 +103,26 @@ async fn a_driver_present_at_start_means_no_device_is_ever_allocatable() {
 }
 
 #[tokio::test]
+async fn a_driver_whose_name_only_starts_like_a_listed_one_is_no_conflict() {
+    let mut h = Harness::new(Shape::P4d);
+    let _netapp = UnixListener::bind(registry(&h).join("dra.netapp.io-reg.sock")).unwrap();
+    h.spawn_plugin(&[]);
+    assert_eq!(h.registered().await.healthy(), 4);
+    assert_eq!(conflict(&h.get("/metrics").await.1), Some(0.0));
+
+    // DRANET's own names, with and without the DRA helper's rolling-update part, still count.
+    for name in ["dra.net.sock", "dra.net-3f2a9c1e-reg.sock"] {
+        let socket = registry(&h).join(name);
+        let listener = UnixListener::bind(&socket).unwrap();
+        h.wait(name, |v| v.devices.len() == 4 && v.healthy() == 0)
+            .await;
+        drop(listener);
+        std::fs::remove_file(&socket).unwrap();
+        h.wait("the devices back", |v| v.healthy() == 4).await;
+    }
+}
+
+#[tokio::test]
 async fn coexistence_can_be_allowed_and_the_driver_list_configured() {
     let mut h = Harness::new(Shape::P4d);
     let (_dranet, _) = register_dranet(&h);

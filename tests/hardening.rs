@@ -4,14 +4,16 @@
 mod support;
 
 use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, HEALTHY, UNHEALTHY,
 };
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
-use support::{Harness, fds_and_tasks, sample};
+use support::{Harness, eventually, fds_and_tasks, sample};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -414,4 +416,145 @@ async fn an_unreadable_numa_node_is_logged_and_counted() {
     assert!(log.contains(&efa.ibdev), "{log}");
     // Topology is a hint: the device stays in service.
     assert_eq!(health_of(&h, &efa.ibdev).as_deref(), Some(HEALTHY));
+}
+
+/// The plugin in cdi mode with an NFD feature file, both inside the harness: (spec, NFD file).
+fn spawn_with_host_files(h: &mut Harness) -> (PathBuf, PathBuf) {
+    let spec_dir = h.root.path().join("cdi");
+    let nfd = h.root.path().join("features.d").join("efa");
+    let (dir_arg, nfd_arg) = (spec_dir.display().to_string(), nfd.display().to_string());
+    h.spawn_plugin(&[
+        "--device-list-strategy",
+        "cdi",
+        "--cdi-spec-dir",
+        &dir_arg,
+        "--nfd-features-file",
+        &nfd_arg,
+    ]);
+    (spec_dir.join("vpc.amazonaws.com-efa.json"), nfd)
+}
+
+#[tokio::test]
+async fn host_files_are_world_readable_and_written_again_when_removed_or_edited() {
+    let mut h = Harness::new(Shape::P4d);
+    let (spec, nfd) = spawn_with_host_files(&mut h);
+    h.registered().await;
+    // NFD's worker reads as uid 65534; CDI readers need not be root.
+    let world_readable = |path: &PathBuf| {
+        let mode = std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o644, "{}: {mode:o}", path.display());
+    };
+    for path in [&spec, &nfd] {
+        eventually("the file", || path.exists()).await;
+        world_readable(path);
+        let text = std::fs::read_to_string(path).unwrap();
+        let mut rewrites = Vec::new();
+        for round in 0..5 {
+            if round % 2 == 0 {
+                std::fs::remove_file(path).unwrap();
+            } else {
+                // Edited in place: the same inode, other text.
+                std::fs::write(path, "{}").unwrap();
+            }
+            let started = Instant::now();
+            eventually("the file written again", || {
+                std::fs::read_to_string(path).is_ok_and(|now| now == text)
+            })
+            .await;
+            rewrites.push(started.elapsed());
+            world_readable(path);
+        }
+        rewrites.sort();
+        println!(
+            "{}: rewritten after a median of {:?} (rescan interval 200ms)",
+            path.display(),
+            rewrites[rewrites.len() / 2]
+        );
+    }
+    let log = h.plugin_log();
+    assert!(
+        log.matches("was removed or changed by someone else")
+            .count()
+            >= 2,
+        "each file's healing is logged\n{log}"
+    );
+    assert!(!log.contains("cannot write"), "{log}");
+}
+
+// pre_exec is the one way to give only the child a file size limit.
+#[allow(unsafe_code)]
+#[tokio::test]
+async fn a_write_that_keeps_failing_is_logged_once_though_each_temp_file_has_a_new_name() {
+    // A file size limit under the spec's size stands in for a full disk: each attempt writes
+    // a new temp file, whose random name is in the error (EFBIG here, ENOSPC on a full disk).
+    // The log stays far below the limit.
+    const LIMIT: u64 = 128 << 10;
+    let mut h = Harness::new(Shape::P5);
+    let dir = h.root.path().join("cdi").display().to_string();
+    let args = [
+        "--device-list-strategy",
+        "cdi",
+        "--cdi-spec-dir",
+        &dir,
+        "--sharing-replicas",
+        "64",
+    ];
+    h.spawn_plugin_with(&args, |command| {
+        // SAFETY: setrlimit and sigaction are async-signal-safe and touch only the child.
+        unsafe {
+            command.pre_exec(|| {
+                use nix::sys::signal::{SigHandler, Signal, signal};
+                // Ignored, the signal leaves write() to fail with EFBIG instead of killing.
+                signal(Signal::SIGXFSZ, SigHandler::SigIgn).map_err(std::io::Error::from)?;
+                nix::sys::resource::setrlimit(
+                    nix::sys::resource::Resource::RLIMIT_FSIZE,
+                    LIMIT,
+                    LIMIT,
+                )
+                .map_err(std::io::Error::from)
+            });
+        }
+    });
+    h.wait("registration", |v| v.stream_open && !v.devices.is_empty())
+        .await;
+    let failures = "efa_device_plugin_cdi_spec_write_failures_total";
+    h.scrape_until("five failed writes", |text| {
+        sample(text, failures).is_some_and(|n| n >= 5.0)
+    })
+    .await;
+    let log = h.plugin_log();
+    assert!(log.contains("File too large"), "{log}");
+    assert_eq!(
+        log.matches("cannot write the CDI spec").count(),
+        1,
+        "one line for the streak\n{log}"
+    );
+}
+
+#[tokio::test]
+async fn a_closed_stderr_pipe_never_ends_the_plugin() {
+    let mut h = Harness::new(Shape::P4d);
+    // A pipe whose reader is gone: every log line fails with EPIPE, from the first.
+    let (reader, writer) = nix::unistd::pipe().unwrap();
+    drop(reader);
+    h.spawn_plugin_with(&["--log-format", "json"], |command| {
+        command.stderr(std::fs::File::from(writer));
+    });
+    h.registered().await;
+    let (status, _) = h.terminate_plugin();
+    assert!(status.success(), "{status:?}");
+    assert!(!h.plugin_socket().exists());
+}
+
+#[tokio::test]
+async fn sighup_stops_the_plugin_like_sigterm_with_its_clean_up() {
+    let mut h = Harness::new(Shape::P4d);
+    let (_, nfd) = spawn_with_host_files(&mut h);
+    h.registered().await;
+    eventually("the NFD file", || nfd.exists()).await;
+    let (status, _) = h.stop_plugin(nix::sys::signal::Signal::SIGHUP);
+    assert!(status.success(), "{status:?}\n{}", h.plugin_log());
+    assert!(!h.plugin_socket().exists(), "socket left behind");
+    assert!(!nfd.exists(), "NFD file left behind");
+    assert!(h.plugin_log().contains("stopping on signal"));
 }

@@ -12,7 +12,7 @@ use efa_device_plugin::proto::deviceplugin::{
 };
 use efa_device_plugin::testkit::kubelet_stub::KubeletView;
 use efa_device_plugin::testkit::simulate::Shape;
-use support::Harness;
+use support::{Harness, eventually};
 use tonic::transport::Channel;
 
 fn offer(available: &[String], must: &[&str], size: i32) -> ContainerPreferredAllocationRequest {
@@ -145,6 +145,48 @@ async fn anything_the_kubelet_can_send_gets_an_answer() {
         [vec![], vec![], vec![], all.clone(), vec![all[3].clone()]]
     );
     assert!(prefer(&mut client, Vec::new()).await.is_empty());
+}
+
+/// At debug level every answer is logged with its offer, so the kubelet's NUMA filtering can
+/// be read from the plugin's log.
+#[tokio::test]
+async fn each_answer_is_logged_with_its_offer_at_debug_level() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&["--log-level", "info,efa_device_plugin=debug"]);
+    let view = h.registered().await;
+    let numa1: Vec<String> = view
+        .devices
+        .iter()
+        .filter(|d| numa_of(&view, &d.id) == Some(1))
+        .map(|d| d.id.clone())
+        .collect();
+    let mut client = h.kubelet.plugin().unwrap();
+    let answers = prefer(
+        &mut client,
+        vec![offer(&numa1, &[], 1), offer(&numa1, &[&numa1[1]], 2)],
+    )
+    .await;
+    let lines = [
+        format!(
+            "offered={} must_include= size=1 answer={}",
+            numa1.join(","),
+            answers[0].join(",")
+        ),
+        format!(
+            "offered={} must_include={} size=2 answer={}",
+            numa1.join(","),
+            numa1[1],
+            answers[1].join(",")
+        ),
+    ];
+    eventually("both answers in the log", || {
+        let log = h.plugin_log();
+        lines.iter().all(|line| {
+            log.lines()
+                .any(|l| l.contains("answered GetPreferredAllocation") && l.contains(line))
+        })
+    })
+    .await;
 }
 
 /// `single-numa-node` admits a p5 pod only when its EFAs fit one socket; `restricted` also

@@ -141,6 +141,70 @@ async fn a_kubelet_that_keeps_ending_streams_gets_growing_pauses_and_few_log_lin
 }
 
 #[tokio::test]
+async fn a_kubelet_that_keeps_refusing_register_is_logged_once_per_state_change() {
+    let mut h = Harness::new(Shape::P4d);
+    h.kubelet
+        .refuse_registrations(Some("the kubelet is draining"));
+    let started = Instant::now();
+    h.spawn_plugin(&[]);
+    // Pauses of 0.1, 0.2, ... doubling to 5 s: 7 attempts take about 6.3 s; after that the
+    // pace is one attempt per 5 s, 720 an hour.
+    h.wait("seven refused registrations", |v| v.register_calls >= 7)
+        .await;
+    let seen = started.elapsed();
+    let log = h.plugin_log();
+    let failures = occurrences(&log, "registration with the kubelet failed");
+    println!("7 refused attempts in {seen:?}: {failures} warn lines");
+    assert_eq!(failures, 1, "one line for the refusal\n{log}");
+
+    // Another reason is another state: one more line.
+    h.kubelet
+        .refuse_registrations(Some("the kubelet is out of memory"));
+    let calls = h.kubelet.view().borrow().register_calls;
+    h.wait("another refused registration", |v| {
+        v.register_calls > calls && v.last_error.as_deref() == Some("the kubelet is out of memory")
+    })
+    .await;
+    eventually("the line for the new error", || {
+        occurrences(&h.plugin_log(), "out of memory") == 1
+    })
+    .await;
+    let log = h.plugin_log();
+    assert_eq!(
+        occurrences(&log, "registration with the kubelet failed"),
+        2,
+        "{log}"
+    );
+
+    h.kubelet.refuse_registrations(None);
+    h.registered().await;
+    eventually("the recovery line", || {
+        h.plugin_log().contains("registered with the kubelet")
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_kubelet_that_accepts_register_but_opens_no_stream_is_registered_with_again() {
+    let mut h = Harness::new(Shape::P4d);
+    h.kubelet.open_no_streams(true);
+    h.spawn_plugin(&[]);
+    h.wait("a second registration", |v| v.register_calls >= 2)
+        .await;
+    assert_eq!(h.kubelet.view().borrow().streams_started, 0);
+    h.kubelet.open_no_streams(false);
+    h.registered().await;
+    let log = h.plugin_log();
+    assert_eq!(
+        occurrences(&log, "opened no ListAndWatch stream"),
+        1,
+        "one line for the streak\n{log}"
+    );
+    let (status, _) = h.get("/readyz").await;
+    assert_eq!(status, 200, "{log}");
+}
+
+#[tokio::test]
 async fn another_clients_stream_ending_keeps_the_registration() {
     let mut h = Harness::new(Shape::P4d);
     h.spawn_plugin(&[]);

@@ -183,7 +183,7 @@ fn bad_replica_counts_are_one_line_naming_their_source() {
             vec![],
             "--sharing-replicas",
         ),
-        (vec![], env("many"), "--sharing-replicas"),
+        (vec![], env("many"), "EFA_DP_SHARING_REPLICAS"),
         (vec!["--sharing-replicas", "65"], vec![], "at most 64"),
         (
             vec!["--config", config.as_str()],

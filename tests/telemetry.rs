@@ -155,8 +155,16 @@ async fn wait_ready(h: &Harness, expected: u16) {
     }
 }
 
+/// The info series naming `pod` as a holder of `device`.
+fn allocation(device: &FakeDevice, pod: &str) -> String {
+    format!(
+        "efa_device_allocation{{device=\"{}\",namespace=\"ml\",pod=\"{pod}\",container=\"main\"}}",
+        device.ibdev
+    )
+}
+
 #[tokio::test]
-async fn counters_carry_the_pod_that_holds_the_device() {
+async fn an_info_series_names_each_container_that_holds_a_device() {
     let mut h = Harness::new(Shape::P4d);
     let efas: Vec<FakeDevice> = h.efas().into_iter().cloned().collect();
     let socket: PathBuf = h.root.path().join("pod-resources/kubelet.sock");
@@ -177,6 +185,20 @@ async fn counters_carry_the_pod_that_holds_the_device() {
                 "nvidia.com/gpu",
                 &[&efas[1].ibdev],
             ),
+            pod(
+                "ml",
+                "sharer",
+                "main",
+                "vpc.amazonaws.com/efa",
+                &[&efas[2].ibdev],
+            ),
+            pod(
+                "ml",
+                "other",
+                "main",
+                "vpc.amazonaws.com/efa",
+                &[&efas[2].ibdev],
+            ),
         ],
     )
     .unwrap();
@@ -184,22 +206,31 @@ async fn counters_carry_the_pod_that_holds_the_device() {
     h.registered().await;
     h.node.set_port_counter(&efas[0], "rx_bytes", 4096).unwrap();
 
-    let held = format!(
-        "efa_rx_bytes_total{{device=\"{}\",ibdev=\"{}\",namespace=\"ml\",pod=\"trainer-0\",container=\"main\"}}",
-        efas[0].ibdev, efas[0].ibdev
-    );
+    let held = allocation(&efas[0], "trainer-0");
     let text = h
-        .scrape_until("pod labels", |t| sample(t, &held).is_some())
+        .scrape_until("the allocations", |t| sample(t, &held).is_some())
         .await;
-    assert_eq!(sample(&text, &held), Some(4096.0));
+    assert_eq!(sample(&text, &held), Some(1.0), "{text}");
+    // A shared device has one series per holder, and its counters one series in all.
+    assert_eq!(sample(&text, &allocation(&efas[2], "sharer")), Some(1.0));
+    assert_eq!(sample(&text, &allocation(&efas[2], "other")), Some(1.0));
+    assert_eq!(text.matches("efa_device_allocation{").count(), 3, "{text}");
+    assert!(text.contains("# TYPE efa_device_allocation gauge"));
+    assert_eq!(sample(&text, &hw("rx_bytes", &efas[0])), Some(4096.0));
     assert_eq!(
-        sample(&text, &hw("rx_bytes", &efas[1])),
-        Some(0.0),
+        text.lines()
+            .filter(|l| l.starts_with("efa_rx_bytes_total{"))
+            .count(),
+        4,
+        "one series per device, whoever holds it"
+    );
+    assert!(
+        !text.contains("gpu-only"),
         "another resource's pod is not ours"
     );
 
-    // A kubelet that does not answer costs the labels, once a poll has timed out, never the
-    // scrape: scrapes do not wait on the kubelet.
+    // A kubelet that does not answer costs the allocations, once a poll has timed out, never
+    // the scrape: scrapes do not wait on the kubelet.
     kubelet.stall();
     let started = Instant::now();
     let (status, _) = h.get("/metrics").await;
@@ -210,7 +241,9 @@ async fn counters_carry_the_pod_that_holds_the_device() {
         started.elapsed()
     );
     let text = h
-        .scrape_until("the labels gone", |t| !t.contains("pod=\""))
+        .scrape_until("the allocations gone", |t| {
+            !t.contains("efa_device_allocation")
+        })
         .await;
     assert_eq!(
         sample(&text, &hw("rx_bytes", &efas[0])),
@@ -220,7 +253,7 @@ async fn counters_carry_the_pod_that_holds_the_device() {
 }
 
 #[tokio::test]
-async fn pod_labels_on_counters_can_be_turned_off() {
+async fn pod_attribution_can_be_turned_off() {
     let mut h = Harness::new(Shape::P4d);
     let efa = h.efas()[0].clone();
     let socket: PathBuf = h.root.path().join("pod-resources/kubelet.sock");
@@ -241,15 +274,15 @@ async fn pod_labels_on_counters_can_be_turned_off() {
         "--counter-pod-labels=false",
     ]);
     h.registered().await;
-    // The same stand-in labels the first scrape when the labels are on.
+    // The same stand-in is named in the first scrape when attribution is on.
     for _ in 0..3 {
         let text = h
             .scrape_until("the counters", |t| {
                 sample(t, &hw("rx_bytes", &efa)).is_some()
             })
             .await;
-        assert!(!text.contains("namespace=\""), "{text}");
-        assert!(!text.contains("pod=\""), "{text}");
+        assert!(!text.contains("efa_device_allocation"), "{text}");
+        assert!(!text.contains("trainer-0"), "{text}");
     }
 }
 

@@ -130,12 +130,28 @@ impl Allocator {
     ) -> PreferredAllocationResponse {
         let holdings = self.holdings.as_ref().map(|h| h.borrow().clone());
         let foreign_held = holdings.as_ref().map(|h| &h.foreign_devices);
-        preferred::respond(
+        let response = preferred::respond(
             inventory,
             self.sharing,
             foreign_held.unwrap_or(&BTreeSet::new()),
             request,
-        )
+        );
+        // What the kubelet offered under its NUMA affinity, next to what came back: the only
+        // place an operator (or a test) can see the kubelet's filtering.
+        for (offer, answer) in request
+            .container_requests
+            .iter()
+            .zip(&response.container_responses)
+        {
+            tracing::debug!(
+                offered = %offer.available_device_i_ds.join(","),
+                must_include = %offer.must_include_device_i_ds.join(","),
+                size = offer.allocation_size,
+                answer = %answer.device_i_ds.join(","),
+                "answered GetPreferredAllocation"
+            );
+        }
+        response
     }
 
     pub fn allocate(

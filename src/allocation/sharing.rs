@@ -41,7 +41,7 @@ impl Sharing {
     }
 
     /// The IDs the kubelet sees for the EFA `device`.
-    pub fn advertised<'a>(&self, device: &'a str) -> impl Iterator<Item = String> + 'a {
+    pub fn advertised<'a>(&self, device: &'a str) -> impl Iterator<Item = String> + use<'a> {
         let shared = self.is_shared();
         (0..self.replicas.get()).map(move |k| {
             if shared {

@@ -7,7 +7,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::CONTENT_TYPE;
 use hyper::server::conn::http1;
@@ -19,7 +19,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::metrics::{self, Metrics};
+use super::metrics::{self, Metrics, ScrapeBody};
 use crate::health::ScanStats;
 use crate::state::PluginStatus;
 
@@ -68,12 +68,15 @@ pub(crate) fn readiness(status: &PluginStatus) -> Result<(), String> {
     })
 }
 
+/// A fixed text, or a scrape written as it is sent.
+type Answer = Either<Full<Bytes>, ScrapeBody>;
+
 impl Endpoint {
-    async fn respond(&self, request: &Request<Incoming>) -> Response<Full<Bytes>> {
+    async fn respond(&self, request: &Request<Incoming>) -> Response<Answer> {
         match request.uri().path() {
             "/metrics" => {
-                let text = self.metrics.render().await;
-                reply(StatusCode::OK, metrics::CONTENT_TYPE, text)
+                let body = Either::Right(self.metrics.scrape().await);
+                reply(StatusCode::OK, metrics::CONTENT_TYPE, body)
             }
             "/healthz" if self.stopped.is_cancelled() => {
                 plain(StatusCode::SERVICE_UNAVAILABLE, "the plugin is stopping")
@@ -94,12 +97,13 @@ impl Endpoint {
     }
 }
 
-fn plain(status: StatusCode, text: &str) -> Response<Full<Bytes>> {
-    reply(status, "text/plain; charset=utf-8", format!("{text}\n"))
+fn plain(status: StatusCode, text: &str) -> Response<Answer> {
+    let body = Either::Left(Full::new(Bytes::from(format!("{text}\n"))));
+    reply(status, "text/plain; charset=utf-8", body)
 }
 
-fn reply(status: StatusCode, content_type: &'static str, body: String) -> Response<Full<Bytes>> {
-    let mut response = Response::new(Full::new(Bytes::from(body)));
+fn reply(status: StatusCode, content_type: &'static str, body: Answer) -> Response<Answer> {
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     response
         .headers_mut()

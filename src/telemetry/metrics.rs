@@ -4,11 +4,15 @@
 //! drift from what the kubelet is told. Only Allocate, which leaves no trace in that state,
 //! keeps counters of its own.
 
-use std::collections::BTreeMap;
-use std::fmt;
+use std::convert::Infallible;
+use std::fmt::{self, Write as _};
 use std::path::Path;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+use std::time::Instant;
 
+use hyper::body::{Bytes, Frame};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text};
 use prometheus_client::metrics::MetricType;
@@ -20,9 +24,9 @@ use tokio::sync::watch;
 use super::counters::{CounterFiles, DeviceCounters};
 use crate::allocation::metrics::AllocationMetrics;
 use crate::health::ScanStats;
-use crate::state::{DeviceReader, Holder, Holders, Holdings, PluginStatus};
+use crate::state::{DeviceReader, Holdings, PluginStatus};
 
-/// The `Content-Type` of what [`Metrics::render`] returns.
+/// The `Content-Type` of what [`Metrics::scrape`] returns.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Everything `/metrics` shows.
@@ -31,8 +35,10 @@ pub struct Metrics {
     state: DeviceReader,
     counters: Arc<CounterFiles>,
     holdings: watch::Receiver<Arc<Holdings>>,
-    /// Whether the counters carry the holders' pod labels.
+    /// Whether scrapes name the containers holding each device.
     pod_labels: bool,
+    /// When the latest scrape was taken, and the scrape while a client still reads it.
+    turn: tokio::sync::Mutex<Option<(Instant, Weak<Scrape>)>>,
 }
 
 impl Metrics {
@@ -59,6 +65,7 @@ impl Metrics {
             counters: Arc::new(CounterFiles::new(sysfs_root)),
             holdings,
             pod_labels,
+            turn: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -67,8 +74,36 @@ impl Metrics {
         self.registry.register(name, help, counter);
     }
 
-    /// The exposition text: the plugin's own metrics, then the hardware counters.
-    pub async fn render(&self) -> String {
+    /// The exposition text of one scrape, written as it is sent: the plugin's own metrics, the
+    /// hardware counters, then who holds each EFA.
+    ///
+    /// Scrapes are taken one at a time, and a scrape asked for while another was being taken
+    /// shares the next one: however many clients ask at once, few scrapes exist at a time, and
+    /// none is ever held as a whole text.
+    pub async fn scrape(&self) -> ScrapeBody {
+        let asked = Instant::now();
+        let mut latest = self.turn.lock().await;
+        let fresh = latest
+            .as_ref()
+            .filter(|(taken, _)| *taken >= asked)
+            .and_then(|(_, scrape)| scrape.upgrade());
+        let scrape = match fresh {
+            Some(scrape) => scrape,
+            None => {
+                let taken = Instant::now();
+                let scrape = Arc::new(self.take().await);
+                *latest = Some((taken, Arc::downgrade(&scrape)));
+                scrape
+            }
+        };
+        ScrapeBody {
+            scrape,
+            part: Part::Plugin,
+            headed: false,
+        }
+    }
+
+    async fn take(&self) -> Scrape {
         let devices: Vec<(String, String)> = self
             .state
             .current()
@@ -76,30 +111,208 @@ impl Metrics {
             .map(|d| (d.efa.id.clone(), d.efa.ibdev.clone()))
             .collect();
         let counters = self.counters.clone();
-        let holders = if self.pod_labels {
-            self.holdings.borrow().holders.clone()
-        } else {
-            Holders::new()
-        };
-        // Reading and encoding 600 counter series is the bulk of a scrape; done off the
-        // runtime thread, it cannot delay an Allocate.
-        let hardware = tokio::task::spawn_blocking(move || {
-            let read = counters.read(&devices);
-            let mut scrape = Registry::default();
-            scrape.register_collector(Box::new(HwCounters::new(read, &holders)));
-            let mut text = String::with_capacity(64 * 1024);
-            // Writing to a String cannot fail.
-            let _ = prometheus_text::encode(&mut text, &scrape);
-            text
-        });
-        let hardware = hardware.await.unwrap_or_else(|err| {
+        // Reading 600 counter files is the bulk of a scrape; done off the runtime thread, it
+        // cannot delay an Allocate.
+        let counters = tokio::task::spawn_blocking(move || counters.read(&devices))
+            .await
+            .unwrap_or_else(|err| {
             tracing::error!(error = %err, "reading the EFA hardware counters failed; this scrape has none");
-            String::new()
+            Vec::new()
         });
-        let mut text = String::with_capacity(hardware.len() + 4096);
-        let _ = prometheus_text::encode(&mut text, &self.registry);
-        text.push_str(&hardware);
-        text
+        let mut plugin = String::with_capacity(8 * 1024);
+        // Writing to a String cannot fail.
+        let _ = prometheus_text::encode(&mut plugin, &self.registry);
+        let mut names: Vec<String> = counters
+            .iter()
+            .flat_map(|device| device.values.iter().map(|(name, _)| name.clone()))
+            .collect();
+        names.sort_unstable();
+        names.dedup();
+        Scrape {
+            plugin,
+            names,
+            counters,
+            holdings: self.holdings(),
+        }
+    }
+
+    /// Who holds which EFA, for one scrape: the background view's latest, shared, not copied;
+    /// `None` without pod attribution.
+    fn holdings(&self) -> Option<Arc<Holdings>> {
+        self.pod_labels.then(|| self.holdings.borrow().clone())
+    }
+}
+
+/// What one scrape shows, shared by the clients that asked at the same time.
+struct Scrape {
+    /// The plugin's own metrics, a few KiB whatever the node.
+    plugin: String,
+    /// Every hardware counter name any device has, sorted: one family each.
+    names: Vec<String>,
+    counters: Vec<DeviceCounters>,
+    holdings: Option<Arc<Holdings>>,
+}
+
+/// Where a [`ScrapeBody`] is in its scrape.
+#[derive(Clone, Copy, Debug)]
+enum Part {
+    Plugin,
+    /// The `family`th counter name, at the `device`th device.
+    Counter {
+        family: usize,
+        device: usize,
+    },
+    /// The `holder`th container holding the `device`th device.
+    Allocation {
+        device: usize,
+        holder: usize,
+    },
+    Done,
+}
+
+/// A body piece is sent once it reaches this size, so a client holds at most about this much
+/// text of its scrape, however many pods hold the devices.
+const CHUNK: usize = 16 * 1024;
+
+/// One scrape's exposition text, rendered piece by piece as the client reads it.
+pub struct ScrapeBody {
+    scrape: Arc<Scrape>,
+    part: Part,
+    /// Whether the allocation family's header is out: it comes with its first series.
+    headed: bool,
+}
+
+impl ScrapeBody {
+    /// The next piece of text, about [`CHUNK`] long; `None` at the end.
+    fn next_piece(&mut self) -> Option<String> {
+        let scrape = &*self.scrape;
+        let mut out = String::with_capacity(CHUNK + 1024);
+        while out.len() < CHUNK {
+            self.part = match self.part {
+                Part::Plugin => {
+                    out.push_str(&scrape.plugin);
+                    Part::Counter {
+                        family: 0,
+                        device: 0,
+                    }
+                }
+                Part::Counter { family, device } => match scrape.names.get(family) {
+                    None => Part::Allocation {
+                        device: 0,
+                        holder: 0,
+                    },
+                    Some(name) => match scrape.counters.get(device) {
+                        None => Part::Counter {
+                            family: family + 1,
+                            device: 0,
+                        },
+                        Some(counters) => {
+                            if device == 0 {
+                                let _ = write!(
+                                    out,
+                                    "# HELP efa_{name}_total EFA hardware counter {name} (sysfs hw_counters)\n\
+                                     # TYPE efa_{name}_total counter\n"
+                                );
+                            }
+                            if let Ok(at) = counters
+                                .values
+                                .binary_search_by(|(known, _)| known.as_str().cmp(name))
+                            {
+                                let _ = write!(out, "efa_{name}_total");
+                                labels(
+                                    &mut out,
+                                    &[("device", &counters.device), ("ibdev", &counters.ibdev)],
+                                );
+                                let _ = writeln!(out, " {}", counters.values[at].1);
+                            }
+                            Part::Counter {
+                                family,
+                                device: device + 1,
+                            }
+                        }
+                    },
+                },
+                Part::Allocation { device, holder } => match scrape.counters.get(device) {
+                    None => Part::Done,
+                    Some(counters) => {
+                        let held = scrape
+                            .holdings
+                            .as_ref()
+                            .and_then(|h| h.holders.get(&counters.device));
+                        match held.and_then(|list| list.get(holder)) {
+                            None => Part::Allocation {
+                                device: device + 1,
+                                holder: 0,
+                            },
+                            Some(h) => {
+                                if !self.headed {
+                                    out.push_str(ALLOCATION_HEADER);
+                                    self.headed = true;
+                                }
+                                out.push_str(ALLOCATION);
+                                labels(
+                                    &mut out,
+                                    &[
+                                        ("device", &counters.device),
+                                        ("namespace", &h.namespace),
+                                        ("pod", &h.pod),
+                                        ("container", &h.container),
+                                    ],
+                                );
+                                out.push_str(" 1\n");
+                                Part::Allocation {
+                                    device,
+                                    holder: holder + 1,
+                                }
+                            }
+                        }
+                    }
+                },
+                Part::Done => break,
+            };
+        }
+        (!out.is_empty()).then_some(out)
+    }
+}
+
+const ALLOCATION: &str = "efa_device_allocation";
+const ALLOCATION_HEADER: &str = "# HELP efa_device_allocation 1 for each container that holds the EFA named by device; join on device to attribute the EFA's counters\n\
+                                 # TYPE efa_device_allocation gauge\n";
+
+/// `{name="value",...}`, each value escaped as the text format requires.
+fn labels(out: &mut String, pairs: &[(&str, &str)]) {
+    out.push('{');
+    for (i, (name, value)) in pairs.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(name);
+        out.push_str("=\"");
+        for c in value.chars() {
+            match c {
+                '\\' => out.push_str("\\\\"),
+                '"' => out.push_str("\\\""),
+                '\n' => out.push_str("\\n"),
+                c => out.push(c),
+            }
+        }
+        out.push('"');
+    }
+    out.push('}');
+}
+
+impl hyper::body::Body for ScrapeBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(
+            self.next_piece()
+                .map(|text| Ok(Frame::data(Bytes::from(text)))),
+        )
     }
 }
 
@@ -203,63 +416,6 @@ impl Collector for PluginCollector {
                 None,
                 MetricType::Gauge,
             )?)?;
-        }
-        Ok(())
-    }
-}
-
-type Labels = Vec<(&'static str, String)>;
-
-/// One scrape's hardware counters, grouped by counter name as the exposition format wants.
-#[derive(Debug)]
-struct HwCounters {
-    by_name: BTreeMap<String, Vec<(Labels, u64)>>,
-}
-
-impl HwCounters {
-    fn new(read: Vec<DeviceCounters>, holders: &Holders) -> Self {
-        let mut by_name: BTreeMap<String, Vec<(Labels, u64)>> = BTreeMap::new();
-        for device in read {
-            let labels = device_labels(&device, holders);
-            for (name, value) in device.values {
-                by_name
-                    .entry(name)
-                    .or_default()
-                    .push((labels.clone(), value));
-            }
-        }
-        HwCounters { by_name }
-    }
-}
-
-/// `device` and `ibdev`, plus the holder when a pod has the device. A device shared by several
-/// containers names them all, comma-separated in the same order, so its one series still sums
-/// correctly.
-fn device_labels(device: &DeviceCounters, holders: &Holders) -> Labels {
-    let mut labels = vec![
-        ("device", device.device.clone()),
-        ("ibdev", device.ibdev.clone()),
-    ];
-    if let Some(list) = holders.get(&device.device).filter(|l| !l.is_empty()) {
-        let join =
-            |field: fn(&Holder) -> &str| list.iter().map(field).collect::<Vec<_>>().join(",");
-        labels.push(("namespace", join(|h| &h.namespace)));
-        labels.push(("pod", join(|h| &h.pod)));
-        labels.push(("container", join(|h| &h.container)));
-    }
-    labels
-}
-
-impl Collector for HwCounters {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
-        for (name, series) in &self.by_name {
-            let metric = format!("efa_{name}");
-            let help = format!("EFA hardware counter {name} (sysfs hw_counters)");
-            let mut family =
-                encoder.encode_descriptor(&metric, &help, None, MetricType::Counter)?;
-            for (labels, value) in series {
-                ConstCounter::new(*value).encode(family.encode_family(labels)?)?;
-            }
         }
         Ok(())
     }

@@ -31,7 +31,11 @@ pub(crate) fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()>
             keep_escape: ansi,
         })
         .with_ansi(ansi)
-        .with_target(false);
+        .with_target(false)
+        // On a write error (EPIPE from a closed stderr pipe) the subscriber would report it
+        // with `eprintln!`, which panics on the same broken pipe, and the release build aborts
+        // on a panic. A line that cannot be written is lost; the plugin goes on.
+        .log_internal_errors(false);
     let installed = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),

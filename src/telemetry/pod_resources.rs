@@ -83,6 +83,18 @@ impl PodResources {
             .map_err(|status| format!("List: {}", status.message()))
     }
 
+    /// Asks the kubelet now, for a decision that must not rest on a poll one interval old.
+    pub(crate) async fn holdings_now(
+        mut self,
+        inventory: &Inventory,
+        sharing: Sharing,
+    ) -> Holdings {
+        match self.poll().await {
+            Some(response) => derive(&response, &self.resource_name, inventory, sharing),
+            None => Holdings::default(),
+        }
+    }
+
     /// Keeps `holdings` current until `shutdown`: a poll at once, then every `interval`.
     /// Warns once per pod that holds foreign IDs, while it holds them.
     pub(crate) async fn run(

@@ -59,6 +59,11 @@ struct Shared {
     plugin: Arc<Mutex<Option<DevicePluginClient<Channel>>>>,
     stream: Arc<Mutex<Option<CancellationToken>>>,
     reject_streams: Arc<AtomicBool>,
+    /// While set, Register is refused with this message before dialling back.
+    refusal: Arc<Mutex<Option<String>>>,
+    /// While set, Register succeeds but no ListAndWatch stream is opened, as when the real
+    /// kubelet's stream call fails after it accepted the registration.
+    no_streams: Arc<AtomicBool>,
 }
 
 pub struct KubeletStub {
@@ -172,6 +177,16 @@ impl KubeletStub {
         self.shared.reject_streams.store(reject, Ordering::Relaxed);
     }
 
+    /// While `Some`, every Register is refused with that message.
+    pub fn refuse_registrations(&self, message: Option<&str>) {
+        *lock(&self.shared.refusal) = message.map(str::to_owned);
+    }
+
+    /// While set, Register succeeds (after the dial back) but opens no ListAndWatch stream.
+    pub fn open_no_streams(&self, none: bool) {
+        self.shared.no_streams.store(none, Ordering::Relaxed);
+    }
+
     async fn shutdown(&mut self) {
         self.end_stream();
         lock(&self.shared.plugin).take();
@@ -238,6 +253,9 @@ impl Registration for Handler {
             v.register_calls += 1;
             v.last_request = Some(request.clone());
         });
+        if let Some(message) = lock(&self.shared.refusal).clone() {
+            return Err(self.refuse(message));
+        }
         if request.version != VERSION {
             return Err(self.refuse(format!(
                 "requested API version {:?} is not supported by kubelet. Supported version is [\"{VERSION}\"]",
@@ -272,6 +290,13 @@ impl Registration for Handler {
                 ));
             }
         };
+        if self.shared.no_streams.load(Ordering::Relaxed) {
+            self.shared.view.send_modify(|v| {
+                v.options = Some(options);
+                v.last_error = None;
+            });
+            return Ok(Response::new(Empty {}));
+        }
         *lock(&self.shared.plugin) = Some(client.clone());
         let stream_stop = CancellationToken::new();
         *lock(&self.shared.stream) = Some(stream_stop.clone());

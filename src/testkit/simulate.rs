@@ -120,6 +120,9 @@ pub enum Shape {
     NoClassDir,
     /// 256 EFAs over 16 roots; nodes past the 32nd have a dynamic major.
     Dense256,
+    /// This many EFAs, 16 per root, laid out as `Dense256`: far denser than any instance, to
+    /// find where the device list outgrows the kubelet's message limit or the pod's memory.
+    Dense(u32),
 }
 
 fn uverbs_dev(index: u32) -> DevNum {
@@ -252,10 +255,19 @@ pub fn devices(shape: Shape) -> Vec<FakeDevice> {
             .collect(),
         Shape::G5 => vec![efa(0, 0x00, 0x1c, vec!["pci0000:00".into()], 0, -1)],
         Shape::NoEfa | Shape::NoClassDir => Vec::new(),
-        Shape::Dense256 => (0..16u32)
-            .flat_map(|r| switched_root(r, 0x10, 16, (r / 8) as i32, r * 16))
-            .collect(),
+        Shape::Dense256 => dense(256),
+        Shape::Dense(count) => dense(count),
     }
+}
+
+/// `count` EFAs on roots of 16, one PCI domain per root.
+fn dense(count: u32) -> Vec<FakeDevice> {
+    (0..count.div_ceil(16))
+        .flat_map(|r| {
+            let on_root = (count - r * 16).min(16);
+            switched_root(r, 0x10, on_root, (r / 8) as i32, r * 16)
+        })
+        .collect()
 }
 
 /// The snapshot the health monitor would publish for `shape` with every EFA healthy, for tests

@@ -23,6 +23,7 @@ source "$HERE/lib/build.sh"
 source "$HERE/lib/host.sh"
 source "$HERE/lib/fake-efa.sh"
 source "$HERE/cluster/migration.sh"
+source "$HERE/cluster/cdi-restart.sh"
 NODE=efa-e2e
 NS=kube-system
 DS=efa-device-plugin
@@ -544,14 +545,17 @@ case_metrics() {
 		return 1
 	fi
 	for id in "${HOLDER_IDS[@]}"; do
-		ibdev=$(efa_ibdev "$(efa_index "$id")")
-		if grep -E "^efa_[a-z_]+_total\{" <<<"$metrics" | grep "device=\"$id\"" | grep "ibdev=\"$ibdev\"" |
-			grep 'namespace="default"' | grep 'pod="holder"' | grep -q 'container="probe"'; then
+		# An ID is the ibdev name, or with --device-id-strategy=pci the PCI address.
+		ibdev=$id
+		[[ $id == *:* ]] && ibdev=rdmap$((16#$(cut -d: -f2 <<<"$id")))s27
+		# The device's counters, and the info series naming the holder.
+		if grep -E "^efa_[a-z_]+_total\{" <<<"$metrics" | grep "device=\"$id\"" | grep -q "ibdev=\"$ibdev\"" &&
+			grep -qxF "efa_device_allocation{device=\"$id\",namespace=\"default\",pod=\"holder\",container=\"probe\"} 1" <<<"$metrics"; then
 			held=$((held + 1))
 		fi
 	done
-	if ((held != 2)); then
-		REASON="counters of $held of the holder's 2 EFAs carry its namespace, pod and container: $(grep -E '^efa_[a-z_]+_total\{' <<<"$metrics" | head -2 | paste -sd'|')"
+	if ((held != 2)) || (($(grep '^efa_device_allocation{' <<<"$metrics" | grep -c 'pod="holder"') != 2)); then
+		REASON="$held of the holder's 2 EFAs have counters and an efa_device_allocation naming its namespace, pod and container: $(grep -E '^efa_device_allocation\{' <<<"$metrics" | head -3 | paste -sd'|')"
 		return 1
 	fi
 }
@@ -781,16 +785,17 @@ main() {
 	run_case "(2) Job limited to 2 is scheduled, sees exactly its 2 uverbs nodes, completes" case_job
 	run_case "(3) pod asking for 5 stays Pending with Insufficient $RESOURCE" case_over_ask
 	run_case "(4) kubectl exec list in the plugin pod prints 4 devices" case_operator_cli
-	run_case "(5) metrics over the pod IP: 4 healthy, holder's counters carry its pod" case_metrics
+	run_case "(5) metrics over the pod IP: 4 healthy, efa_device_allocation names the holder of its 2 EFAs" case_metrics
 	run_case "(6) rollout restart: new pod Ready, holder keeps its devices, allocatable 4" case_rolling_update
 	run_case "(7) device loss: allocatable 3 within the status period + 2s, then 4" case_device_loss
 	run_case "(8) node without EFA: plugin Ready, allocatable 0 or absent" case_no_efa
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
 	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
-	run_case "(11) Migration, README order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs" case_migration_readme
-	run_case "(12) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
-	run_case "(13) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
-	run_case "(14) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
+	run_case "(11) CDI mode: with the plugin gone, a holder's killed container restarts with its EFA" case_cdi_spec_outlives_the_plugin
+	run_case "(12) Migration, README order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs" case_migration_readme
+	run_case "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
+	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
+	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
 }
 
 main "$@"

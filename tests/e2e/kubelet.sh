@@ -19,142 +19,17 @@ REPO=$(cd "$HERE/../.." && pwd)
 source "$HERE/lib/build.sh"
 source "$HERE/lib/host.sh"
 source "$HERE/lib/fake-efa.sh"
-CHECKPOINT=$DP_DIR/kubelet_internal_checkpoint
-PLUGIN_SOCKET=$DP_DIR/efa-device-plugin.sock
-NODE=efa-e2e
-KUBELET_PORT=10250
-KUBELET_RO_PORT=10255
-KUBELET_HEALTHZ_PORT=10248
-BUSYBOX=/bin/busybox
-# Host paths the kubelet or containerd create outside our temp dir whatever
-# they are configured with; cleanup removes what was not there before.
-HOST_PATHS=(/var/lib/kubelet /var/log/containers /run/containerd /run/netns /var/lib/cni /opt/containerd)
+source "$HERE/lib/standalone.sh"
 
 SUITE=kubelet
-T=
-KUBELET=
-PLUGIN=
-KUBELET_PID=
-KUBELET_STARTS=0
-CONTAINERD_PID=
-PLUGIN_PID=
-PLUGIN_STARTS=0
-
-ctr_k8s() { ctr --address "$T/containerd/containerd.sock" --namespace k8s.io "$@"; }
 
 # ---------------------------------------------------------------- setup
 
-start_containerd() {
-	local c=$T/containerd
-	mkdir -p "$c/root" "$c/state" "$c/opt" "$T/cni/bin" "$T/cni/net.d"
-	# restrict_oom_score_adj: without CAP_SYS_RESOURCE (as in some VMs and
-	# containers) nothing may lower oom_score_adj, which CRI otherwise does
-	# for every sandbox, failing them all.
-	# The CNI dirs stay empty: all test pods use the host network.
-	cat >"$c/config.toml" <<-EOF
-		version = 2
-		root = "$c/root"
-		state = "$c/state"
-		disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs"]
-		[grpc]
-		  address = "$c/containerd.sock"
-		[plugins."io.containerd.internal.v1.opt"]
-		  path = "$c/opt"
-		[plugins."io.containerd.grpc.v1.cri"]
-		  sandbox_image = "localhost/pause:1"
-		  restrict_oom_score_adj = true
-		  stream_server_address = "127.0.0.1"
-		  [plugins."io.containerd.grpc.v1.cri".cni]
-		    bin_dir = "$T/cni/bin"
-		    conf_dir = "$T/cni/net.d"
-	EOF
-	containerd --config "$c/config.toml" >"$T/logs/containerd.log" 2>&1 9>&- &
-	CONTAINERD_PID=$!
-	wait_until 30 ctr_k8s version >/dev/null 2>&1 || return 1
-
-	import_test_images "$BUSYBOX"
-}
-
-write_kubelet_config() {
-	local cgroups
-	cgroups=$(kubelet_cgroup_settings)
-	mkdir -p "$T/kubelet/root" "$T/manifests" "$T/manifests.tmp" "$T/out"
-	# Standalone (no API server): pods come from staticPodPath and the test
-	# reads their status from the read-only port, bound to loopback only.
-	# Image GC and eviction are pushed out of reach so the imported images and
-	# the test pods survive a busy CI disk.
-	cat >"$T/kubelet/config.yaml" <<-EOF
-		apiVersion: kubelet.config.k8s.io/v1beta1
-		kind: KubeletConfiguration
-		address: 127.0.0.1
-		port: $KUBELET_PORT
-		readOnlyPort: $KUBELET_RO_PORT
-		healthzBindAddress: 127.0.0.1
-		healthzPort: $KUBELET_HEALTHZ_PORT
-		authentication:
-		  anonymous: {enabled: true}
-		  webhook: {enabled: false}
-		authorization: {mode: AlwaysAllow}
-		staticPodPath: $T/manifests
-		fileCheckFrequency: 1s
-		syncFrequency: 5s
-		$cgroups
-		containerRuntimeEndpoint: unix://$T/containerd/containerd.sock
-		podLogsDir: $T/kubelet/pod-logs
-		volumePluginDir: $T/kubelet/volume-plugins
-		makeIPTablesUtilChains: false
-		imageGCHighThresholdPercent: 100
-		imageGCLowThresholdPercent: 99
-		evictionHard: {memory.available: 1Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
-	EOF
-}
-
-start_kubelet() {
-	KUBELET_STARTS=$((KUBELET_STARTS + 1))
-	"$KUBELET" --config="$T/kubelet/config.yaml" --root-dir="$T/kubelet/root" \
-		--cert-dir="$T/kubelet/pki" --hostname-override="$NODE" --v=2 \
-		>"$(kubelet_log)" 2>&1 9>&- &
-	KUBELET_PID=$!
-	wait_until 60 curl -sf "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz" -o /dev/null
-}
-
-kubelet_log() { echo "$T/logs/kubelet.$KUBELET_STARTS.log"; }
-
-start_plugin() {
-	PLUGIN_STARTS=$((PLUGIN_STARTS + 1))
-	"$PLUGIN" --sysfs-root "$T/sys" --dev-root "$T/dev" --device-plugin-dir "$DP_DIR" \
-		--rescan-interval 500ms >"$(plugin_log)" 2>&1 9>&- &
-	PLUGIN_PID=$!
-}
-
-plugin_log() { echo "$T/logs/plugin.$PLUGIN_STARTS.log"; }
-
 setup() {
-	[[ $EUID -eq 0 ]] || fail_setup "must run as root"
-	take_lock || fail_setup "another e2e run holds $LOCK"
-	mkdir -p "$CACHE"
-	# The image's only binary must not need a libc the image lacks.
-	apt_install containerd:containerd runc:runc curl:curl python3:python3 busybox-static ||
-		fail_setup "apt-get install failed"
-	note "kubelet $KUBE_VERSION (cached in $CACHE)"
-	KUBELET=$(kube_binaries "$CACHE" kubelet)/kubelet || fail_setup "kubelet $KUBE_VERSION build failed"
-	PLUGIN=$(static_plugin_binary "$REPO") || fail_setup "static release build of the plugin failed"
-
-	T=$(mktemp -d /tmp/efa-dp-e2e.XXXXXX)
-	mkdir -p "$T/host" "$T/logs"
-	remember_host_state "${HOST_PATHS[@]}"
-	move_aside "$DP_DIR"
-
-	local port
-	for port in "$KUBELET_PORT" "$KUBELET_RO_PORT" "$KUBELET_HEALTHZ_PORT"; do
-		[[ -z $(ss -Hltn "sport = :$port") ]] || fail_setup "port $port is in use; is another kubelet running?"
-	done
+	prepare_standalone
 	make_fake_efa_host "$T/sys" "$T/dev" || fail_setup "cannot build the fake EFA host"
-	note "starting containerd"
-	start_containerd || fail_setup "containerd did not start or import images (see $(tail -3 "$T/logs/containerd.log"))"
-	write_kubelet_config
-	note "starting kubelet"
-	start_kubelet || fail_setup "kubelet not healthy within 60s: $(tail -3 "$(kubelet_log)")"
+	# shellcheck disable=SC2119 # no config lines to add
+	start_standalone
 }
 
 # ---------------------------------------------------------------- pods
@@ -179,29 +54,6 @@ write_pod() {
 	EOF
 	# A rename, so the kubelet never reads a half-written manifest.
 	mv "$T/manifests.tmp/$name.json" "$T/manifests/$name.json"
-}
-
-# Tab-separated phase, reason, uid, message of a static pod, or "Absent".
-pod_status() {
-	python3 "$HERE/lib/kubeinfo.py" pod "http://127.0.0.1:$KUBELET_RO_PORT/pods" "$1-$NODE" 2>/dev/null ||
-		echo "Unreachable"
-}
-
-pod_phase_is() { [[ $(pod_status "$1" | cut -f1) == "$2" ]]; }
-
-remove_pod() {
-	rm -f "$T/manifests/$1.json"
-	wait_until 60 pod_phase_is "$1" Absent
-}
-
-registered_ids() {
-	python3 "$HERE/lib/kubeinfo.py" registered "$CHECKPOINT" "$RESOURCE" 2>/dev/null | paste -sd' '
-}
-
-registered_is() { [[ $(registered_ids) == "$1" ]]; }
-
-allocated_ids() {
-	python3 "$HERE/lib/kubeinfo.py" allocated "$CHECKPOINT" "$1" "$RESOURCE" 2>/dev/null | paste -sd' '
 }
 
 # wait_pod_running NAME COUNT: the pod runs, the checkpoint gives it COUNT
@@ -247,22 +99,13 @@ wait_pod_rejected() {
 	note "pod $name: $reason: $message"
 }
 
-# Number of registrations of our resource in the current kubelet's log.
-registrations() {
-	grep -c "Got registration request from device plugin with resource.*\"$RESOURCE\"" "$(kubelet_log)"
-}
-
-# registered_since COUNT IDS: the current kubelet logged more than COUNT
-# registrations and its checkpoint lists IDS.
-registered_since() { (($(registrations) > $1)) && registered_is "$2"; }
-
 # modified_since FILE EPOCH: FILE was written in a later second than EPOCH.
 modified_since() { [[ -e $1 ]] && (($(stat -c %Y "$1") > $2)); }
 
 # ---------------------------------------------------------------- cases
 
 case_a() {
-	start_plugin
+	start_plugin "$T/sys" "$T/dev"
 	if ! wait_until 30 registered_is "$(efa_ibdevs)"; then
 		REASON="checkpoint lists [$(registered_ids)] under $RESOURCE after 30s, want [$(efa_ibdevs)]; kubelet registrations: $(registrations); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
 		return 1
@@ -324,7 +167,7 @@ case_e() {
 	fi
 	registrations_before=$(registrations)
 	restarted=$(date +%s)
-	start_plugin
+	start_plugin "$T/sys" "$T/dev"
 	if ! wait_until 30 registered_since "$registrations_before" "$ids_before"; then
 		REASON="after plugin restart: registrations $(registrations) (before $registrations_before), checkpoint [$(registered_ids)], want [$ids_before]"
 		return 1
@@ -374,12 +217,7 @@ case_f() {
 
 # ---------------------------------------------------------------- cleanup
 
-cleanup() {
-	[[ -n $PLUGIN_PID ]] && stop_pid "$PLUGIN_PID" 10
-	[[ -n $KUBELET_PID ]] && stop_pid "$KUBELET_PID" 30
-	[[ -n $CONTAINERD_PID ]] && kill_containerd "$T/containerd/containerd.sock" "$T/containerd/state" "$CONTAINERD_PID"
-	restore_host_state "${HOST_PATHS[@]}"
-}
+cleanup() { stop_standalone; }
 
 main() {
 	trap finish EXIT

@@ -17,6 +17,12 @@ use tempfile::TempDir;
 pub(crate) const TIMEOUT: Duration = Duration::from_secs(10);
 pub(crate) const BINARY: &str = env!("CARGO_BIN_EXE_efa-device-plugin");
 
+/// The plugin a harness starts: this build's, or the one `EFA_DP_HARNESS_BINARY` names, so a
+/// benchmark can measure an older build under the same load.
+fn plugin_binary() -> String {
+    std::env::var("EFA_DP_HARNESS_BINARY").unwrap_or_else(|_| BINARY.to_owned())
+}
+
 /// Real character devices when the tests may create them, empty files otherwise.
 pub(crate) fn node_kind() -> Nodes {
     if nix::unistd::geteuid().is_root() {
@@ -110,7 +116,7 @@ impl Harness {
             .append(true)
             .open(&self.log)
             .expect("log file");
-        let mut command = Command::new(BINARY);
+        let mut command = Command::new(plugin_binary());
         command
             .args(self.args())
             .args(extra)
@@ -127,6 +133,13 @@ impl Harness {
 
     pub(crate) fn plugin_pid(&self) -> u32 {
         self.plugin.as_ref().expect("plugin running").id()
+    }
+
+    /// The plugin's exit status once it has exited by itself; it is then no longer running.
+    pub(crate) fn plugin_exited(&mut self) -> Option<ExitStatus> {
+        let status = self.plugin.as_mut()?.try_wait().expect("wait")?;
+        self.plugin = None;
+        Some(status)
     }
 
     pub(crate) fn plugin_log(&self) -> String {
@@ -329,24 +342,51 @@ fn logged_address(line: &str) -> Option<SocketAddr> {
 
 /// A minimal HTTP/1.1 GET: (status, body).
 pub(crate) async fn http_get(address: SocketAddr, path: &str) -> (u16, String) {
+    try_http_get(address, path)
+        .await
+        .unwrap_or_else(|| panic!("no HTTP answer for {path} from {address}"))
+}
+
+/// [`http_get`], or `None` when the plugin closes the connection without an answer, as it
+/// does past its connection cap or deadline.
+pub(crate) async fn try_http_get(address: SocketAddr, path: &str) -> Option<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(address)
         .await
         .unwrap_or_else(|e| panic!("connecting to {address}: {e}"));
     let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("request");
+    stream.write_all(request.as_bytes()).await.ok()?;
     let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .expect("response");
-    let (head, body) = response.split_once("\r\n\r\n").expect("HTTP response");
+    stream.read_to_string(&mut response).await.ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
     let status = head
         .split_whitespace()
         .nth(1)
         .and_then(|code| code.parse().ok())
         .expect("status code");
-    (status, body.to_owned())
+    let chunked = head
+        .lines()
+        .any(|line| line.eq_ignore_ascii_case("transfer-encoding: chunked"));
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    Some((status, body))
+}
+
+/// The body of a chunked HTTP/1.1 answer: each chunk is its size in hex, CRLF, the data, CRLF.
+fn dechunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    loop {
+        let (size, after) = rest.split_once("\r\n").expect("chunk size");
+        let size = usize::from_str_radix(size.trim(), 16).expect("chunk size in hex");
+        if size == 0 {
+            return body;
+        }
+        body.push_str(&after[..size]);
+        rest = after[size..].strip_prefix("\r\n").expect("chunk end");
+    }
 }
 
 /// The value of the sample `series` (name with its exact label set, as exposed).
@@ -354,4 +394,70 @@ pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|value| value.trim().parse().ok())
+}
+
+/// A `/proc/<pid>/status` figure in KiB (`VmRSS`, `VmHWM`); 0 if it cannot be read.
+pub(crate) fn status_kib(pid: u32, key: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix(key)?.strip_prefix(':'))
+        .and_then(|value| value.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The longest name Kubernetes accepts of its kind, `len` long (a namespace or a container
+/// name is a DNS label, 63; a pod name a DNS subdomain, 253), made unique by `i`.
+pub(crate) fn longest_name(prefix: &str, i: usize, len: usize) -> String {
+    let mut name = format!("{prefix}{i:03}-");
+    name.extend(std::iter::repeat_n('x', len - name.len()));
+    name
+}
+
+/// `pods` pods with the longest names, pod `k` holding replica `k` of every EFA in `efas`, so
+/// each EFA has `pods` holders: the most pod names a scrape can carry for those EFAs.
+pub(crate) fn pods_holding_every_efa(
+    efas: &[FakeDevice],
+    pods: usize,
+) -> Vec<efa_device_plugin::proto::podresources::PodResources> {
+    (0..pods)
+        .map(|k| {
+            let ids: Vec<String> = efas.iter().map(|d| format!("{}::{k}", d.ibdev)).collect();
+            let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+            efa_device_plugin::testkit::pod_resources_stub::pod(
+                &longest_name("ns", k % 4, 63),
+                &longest_name("pod", k, 253),
+                &longest_name("c", k, 63),
+                "vpc.amazonaws.com/efa",
+                &ids,
+            )
+        })
+        .collect()
+}
+
+/// Opens a ListAndWatch stream of its own to the plugin, as another client would, and reads its
+/// first list; the plugin's status if it refuses or ends the stream instead.
+pub(crate) async fn open_list_stream(
+    h: &Harness,
+) -> Result<
+    (
+        tonic::Streaming<efa_device_plugin::proto::deviceplugin::ListAndWatchResponse>,
+        efa_device_plugin::proto::deviceplugin::ListAndWatchResponse,
+    ),
+    tonic::Status,
+> {
+    use efa_device_plugin::proto::deviceplugin::{Empty, device_plugin_client::DevicePluginClient};
+    let channel = efa_device_plugin::uds::dial(&h.plugin_socket())
+        .await
+        .expect("plugin connection");
+    let mut stream = DevicePluginClient::new(channel)
+        .list_and_watch(Empty {})
+        .await?
+        .into_inner();
+    match stream.message().await? {
+        Some(list) => Ok((stream, list)),
+        None => Err(tonic::Status::unknown(
+            "the stream ended before its first list",
+        )),
+    }
 }

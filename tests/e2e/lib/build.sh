@@ -47,7 +47,8 @@ kube_binaries() {
 	go_env "$cache"
 	local work
 	work=$(new_workdir "$cache" kubernetes) || return 1
-	kube_gomod "$work" efa-device-plugin-e2e/kubernetes || return 1
+
+	kube_gomod "$work" kubernetes || { rm -rf "$work"; return 1; }
 
 	local pkg=k8s.io/component-base/version pkgs=()
 	local ldflags="-s -w -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitTreeState=clean"
@@ -64,21 +65,20 @@ kube_binaries() {
 	printf '%s\n' "$dir"
 }
 
-# kube_gomod DIR MODULE: writes DIR/go.mod for MODULE requiring
-# k8s.io/kubernetes at $KUBE_VERSION. k8s.io/kubernetes points its staging
-# modules at ./staging, which does not exist for a dependency; each one is
-# published as v0.<minor>.<patch>.
+# kube_gomod WORK NAME: a go.mod in WORK for module efa-device-plugin-e2e/NAME
+# requiring k8s.io/kubernetes at $KUBE_VERSION. k8s.io/kubernetes points its
+# staging modules at ./staging, which does not exist for a dependency; each one
+# is published as v0.<minor>.<patch>.
 kube_gomod() {
-	local dir=$1 module=$2 staging_version=v0.${KUBE_VERSION#v1.} gomod
-	gomod=$(cd "$dir" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
+	local work=$1 name=$2 staging_version=v0.${KUBE_VERSION#v1.} gomod
+	gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
 		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') || return 1
-	[[ -n $gomod ]] || return 1
 	{
-		echo "module $module"
+		echo "module efa-device-plugin-e2e/$name"
 		echo "go 1.22.0"
 		echo "require k8s.io/kubernetes $KUBE_VERSION"
 		sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#replace \1 => \1 '"$staging_version"'#p' "$gomod"
-	} >"$dir/go.mod"
+	} >"$work/go.mod"
 }
 
 # aws_standin_binary CACHE SRC: prints the path of the AWS plugin stand-in
@@ -97,7 +97,7 @@ aws_standin_binary() {
 	go_env "$cache"
 	work=$(new_workdir "$cache" aws-standin) || return 1
 	# The stub's calls took a context from 1.35 on (stub_ctx.go).
-	if ! (cp "$src"/*.go "$work/" && kube_gomod "$work" "$(sed -n 's/^module //p' "$src/go.mod")" &&
+	if ! (cp "$src"/*.go "$work/" && kube_gomod "$work" aws-standin &&
 		cd "$work" && go mod tidy >&2 &&
 		stub=$(go list -f '{{.Dir}}' k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1) &&
 		{ ! grep -q 'func (m \*Stub) Start(ctx context.Context)' "$stub/stub.go" || tags=stubctx; } &&
@@ -213,4 +213,34 @@ podmonitor_crd() {
 	dir=$(cd "$1" && go mod download -json "github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION" |
 		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || return 1
 	printf '%s\n' "$dir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml"
+}
+
+# kube_stub_plugin CACHE SRC NAME: prints the path of the Go program in the
+# dir SRC built against k8s.io/kubernetes at $KUBE_VERSION (for the kubelet's
+# device-plugin stub), in the kubelet build's module and build caches, so it
+# compiles only what the kubelet build has not. The binary is cached per
+# version and per hash of the sources, so an edit rebuilds it.
+kube_stub_plugin() {
+	local cache=$1 src=$2 name=$3 hash work
+	hash=$(cat "$src"/*.go | sha256sum | cut -c1-16)
+	local bin=$cache/kubernetes-$KUBE_VERSION/$name-$hash
+	if [[ -x $bin ]]; then
+		printf '%s\n' "$bin"
+		return 0
+	fi
+	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
+	go_env "$cache"
+	work=$(new_workdir "$cache" "$name") || return 1
+	cp "$src"/*.go "$work/"
+	mkdir -p "${bin%/*}"
+	if ! (cd "$work" && kube_gomod "$work" "$name" && go get "k8s.io/kubernetes@$KUBE_VERSION" &&
+		go build -trimpath -ldflags "-s -w" -o "$work/$name" .) >&2; then
+		rm -rf "$work"
+		return 1
+	fi
+	# Builds of older sources are of no further use.
+	rm -f "$cache/kubernetes-$KUBE_VERSION/$name"-*
+	mv "$work/$name" "$bin"
+	rm -rf "$work"
+	printf '%s\n' "$bin"
 }

@@ -45,34 +45,68 @@ make_uverbs_node() {
 	mknod -m 0666 "$dev" c "$UVERBS_MAJOR" $((UVERBS_MINOR_BASE + $2))
 }
 
-# make_fake_efa_host SYSFS_ROOT DEV_ROOT
-make_fake_efa_host() {
-	local sys=$1 dev=$2 i bus fn ibdev uverbs counter
+# add_fake_efa SYSFS_ROOT DEV_ROOT PARENTS BDF IBDEV UVERBS NUMA DEVICE: one
+# EFA at devices/PARENTS/BDF (PARENTS: the slash-separated PCI path above it),
+# with PCI device ID DEVICE, and its uverbs node.
+add_fake_efa() {
+	local sys=$1 dev=$2 parents=$3 bdf=$4 ibdev=$5 i=$6 numa=$7 device=$8 counter
+	local fn=$sys/devices/$parents/$bdf uverbs=uverbs$6
 	mkdir -p "$sys/bus/pci/drivers/efa" "$sys/class/infiniband" "$sys/class/infiniband_verbs" "$dev/infiniband"
+	mkdir -p "$fn/infiniband/$ibdev/ports/1" "$fn/infiniband_verbs/$uverbs"
+	ln -sr "$sys/bus/pci/drivers/efa" "$fn/driver"
+	ln -sr "$fn" "$sys/bus/pci/drivers/efa/$bdf"
+	echo "$numa" >"$fn/numa_node"
+	echo 0x1d0f >"$fn/vendor"
+	echo "$device" >"$fn/device"
+	echo "4: ACTIVE" >"$fn/infiniband/$ibdev/ports/1/state"
+	# A few of the counters the efa driver exposes, for the metrics.
+	mkdir -p "$fn/infiniband/$ibdev/ports/1/hw_counters"
+	for counter in tx_bytes rx_bytes tx_pkts rx_pkts; do
+		echo $((1000 * (i + 1))) >"$fn/infiniband/$ibdev/ports/1/hw_counters/$counter"
+	done
+	ln -s "../../../$bdf" "$fn/infiniband/$ibdev/device"
+	ln -sr "$fn/infiniband/$ibdev" "$sys/class/infiniband/$ibdev"
+	echo "$UVERBS_MAJOR:$((UVERBS_MINOR_BASE + i))" >"$fn/infiniband_verbs/$uverbs/dev"
+	echo "$ibdev" >"$fn/infiniband_verbs/$uverbs/ibdev"
+	ln -s "../../../$bdf" "$fn/infiniband_verbs/$uverbs/device"
+	ln -sr "$fn/infiniband_verbs/$uverbs" "$sys/class/infiniband_verbs/$uverbs"
+	make_uverbs_node "$dev" "$i"
+}
+
+# make_fake_efa_host SYSFS_ROOT DEV_ROOT [NUMA...]: the p4d host, each EFA on
+# the NUMA node EFA_NUMA gives it, or the one NUMA... gives it.
+make_fake_efa_host() {
+	local sys=$1 dev=$2 i bus
+	shift 2
+	local -a numa=("${EFA_NUMA[@]}")
+	(($# == 0)) || numa=("$@")
 	for i in "${!EFA_BUSES[@]}"; do
 		bus=${EFA_BUSES[$i]}
-		fn=$sys/devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0
-		ibdev=$(efa_ibdev "$i")
-		uverbs=uverbs$i
-		mkdir -p "$fn/infiniband/$ibdev/ports/1" "$fn/infiniband_verbs/$uverbs"
-		ln -s ../../../../bus/pci/drivers/efa "$fn/driver"
-		ln -s "../../../../devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0" "$sys/bus/pci/drivers/efa/0000:$bus:1b.0"
-		echo "${EFA_NUMA[$i]}" >"$fn/numa_node"
-		echo 0x1d0f >"$fn/vendor"
-		echo 0xefa1 >"$fn/device"
-		echo "4: ACTIVE" >"$fn/infiniband/$ibdev/ports/1/state"
-		# A few of the counters the efa driver exposes, for the metrics.
-		mkdir -p "$fn/infiniband/$ibdev/ports/1/hw_counters"
-		for counter in tx_bytes rx_bytes tx_pkts rx_pkts; do
-			echo $((1000 * (i + 1))) >"$fn/infiniband/$ibdev/ports/1/hw_counters/$counter"
+		add_fake_efa "$sys" "$dev" "pci0000:$bus/0000:$bus:01.0" "0000:$bus:1b.0" "$(efa_ibdev "$i")" \
+			"$i" "${numa[$i]}" 0xefa1 || return 1
+	done
+}
+
+# The PCIe switch above each EFA of the last make_fake_p5en_host, by ibdev name.
+declare -A FAKE_SWITCH=()
+
+# make_fake_p5en_host SYSFS_ROOT DEV_ROOT: a p5en-shaped host, laid out as
+# testkit's simulated p5en: 16 EFAs on 8 root complexes, the 2 of a root behind
+# one PCIe switch (each on its own downstream port), roots 0-3 on NUMA node 0
+# and 4-7 on node 1.
+make_fake_p5en_host() {
+	local sys=$1 dev=$2 r k root bus upstream ibdev
+	for r in 0 1 2 3 4 5 6 7; do
+		root=$((0x10 + r * 0x10))
+		upstream=$(printf '0000:%02x:00.0' $((root + 1)))
+		for k in 0 1; do
+			bus=$((root + 3 + k))
+			ibdev=rdmap${bus}s0
+			FAKE_SWITCH[$ibdev]=$upstream
+			add_fake_efa "$sys" "$dev" \
+				"$(printf 'pci0000:%02x/0000:%02x:01.0/%s/0000:%02x:%02x.0' "$root" "$root" "$upstream" $((root + 2)) "$k")" \
+				"$(printf '0000:%02x:00.0' "$bus")" "$ibdev" $((r * 2 + k)) $((r / 4)) 0xefa2 || return 1
 		done
-		ln -s "../../../0000:$bus:1b.0" "$fn/infiniband/$ibdev/device"
-		ln -s "../../devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0/infiniband/$ibdev" "$sys/class/infiniband/$ibdev"
-		echo "$UVERBS_MAJOR:$((UVERBS_MINOR_BASE + i))" >"$fn/infiniband_verbs/$uverbs/dev"
-		echo "$ibdev" >"$fn/infiniband_verbs/$uverbs/ibdev"
-		ln -s "../../../0000:$bus:1b.0" "$fn/infiniband_verbs/$uverbs/device"
-		ln -s "../../devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0/infiniband_verbs/$uverbs" "$sys/class/infiniband_verbs/$uverbs"
-		make_uverbs_node "$dev" "$i"
 	done
 }
 

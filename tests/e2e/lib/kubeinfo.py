@@ -4,6 +4,8 @@ pod URL NAME          phase, reason, uid and message of a pod in the kubelet's
                       /pods listing, tab-separated; "Absent" when not listed
 registered FILE RES   device IDs the device checkpoint lists as registered
 allocated FILE UID RES  device IDs the checkpoint records for a pod
+devices FILE UID RES  what the checkpoint records for a pod, one device a line:
+                      container, the NUMA node the plugin reported (-1: none), ID
 """
 
 import json
@@ -48,6 +50,16 @@ def allocated(path, uid, resource):
         print(dev)
 
 
+def devices(path, uid, resource):
+    rows = set()
+    for entry in checkpoint(path).get("PodDeviceEntries") or []:
+        if entry["PodUID"] == uid and entry["ResourceName"] == resource:
+            for numa, numa_ids in entry["DeviceIDs"].items():
+                rows.update((entry["ContainerName"], numa, dev) for dev in numa_ids)
+    for row in sorted(rows):
+        print(" ".join(row))
+
+
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    {"pod": pod, "registered": registered, "allocated": allocated}[cmd](*args)
+    {"pod": pod, "registered": registered, "allocated": allocated, "devices": devices}[cmd](*args)
