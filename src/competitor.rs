@@ -1,10 +1,12 @@
 //! Other device plugins for this resource on the node, such as the AWS plugin.
 //!
 //! The kubelet keeps one plugin per resource name: each `Register` replaces the endpoint before
-//! it and ends that plugin's ListAndWatch stream. Two plugins that both register again when
-//! their stream ends would take the resource from each other forever. So while a listed socket
-//! in the device-plugin dir accepts connections, its plugin is reported and this one does not
-//! take the resource back; a stale socket file that refuses connections is no competitor.
+//! it. Kubelets up to 1.36 leave the replaced plugin's stream open, but when either plugin's
+//! connection drops they deregister the resource by name, ending the survivor's stream too
+//! (kubernetes#121994). Two plugins that both register again whenever their stream ends would
+//! take the resource from each other. So while a listed socket in the device-plugin dir accepts
+//! connections, its plugin is reported and this one does not take the resource back; a stale
+//! socket file that refuses connections is no competitor.
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};

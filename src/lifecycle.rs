@@ -265,8 +265,8 @@ impl Lifecycle {
     async fn stand_down(&self, shutdown: &CancellationToken) -> bool {
         tracing::error!(
             competitor = self.competitor().unwrap_or_default(),
-            "the kubelet ended this plugin's stream in favour of a competing device plugin; \
-             not registering again until that plugin's socket goes"
+            "the kubelet ended this plugin's stream while a competing device plugin serves the \
+             resource; not registering again until that plugin's socket goes"
         );
         let mut status = self.status.subscribe();
         tokio::select! {

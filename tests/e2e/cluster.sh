@@ -23,6 +23,7 @@ source "$HERE/lib/build.sh"
 source "$HERE/lib/host.sh"
 source "$HERE/lib/fake-efa.sh"
 source "$HERE/cluster/prometheus.sh"
+source "$HERE/cluster/migration.sh"
 source "$HERE/cluster/cdi-restart.sh"
 NODE=efa-e2e
 NS=kube-system
@@ -148,6 +149,8 @@ FEATURE_GATES=ResourceHealthStatus=true
 
 start_control_plane() {
 	local p=$T/pki
+	# Privileged pods are allowed, as on EKS: the AWS plugin's chart (the
+	# migration cases' stand-in) runs privileged.
 	start_daemon kube-apiserver "$BIN/kube-apiserver" \
 		--etcd-servers "http://127.0.0.1:$ETCD_PORT" \
 		--bind-address 127.0.0.1 --secure-port "$APISERVER_PORT" --advertise-address "$NODE_IP" \
@@ -158,7 +161,8 @@ start_control_plane() {
 		--service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
 		--service-account-issuer https://kubernetes.default.svc \
 		--service-cluster-ip-range "$SERVICE_SUBNET" \
-		--authorization-mode Node,RBAC --feature-gates "$FEATURE_GATES" --profiling=false
+		--authorization-mode Node,RBAC --feature-gates "$FEATURE_GATES" --profiling=false \
+		--allow-privileged=true
 	wait_until 90 k get --raw /readyz >/dev/null 2>&1 || return 1
 	start_daemon kube-controller-manager "$BIN/kube-controller-manager" \
 		--kubeconfig "$p/admin.kubeconfig" --bind-address 127.0.0.1 --leader-elect=false \
@@ -257,12 +261,10 @@ build_image() {
 	arch=$(dpkg --print-architecture)
 	mkdir -p "$ctx"
 	cp "$PLUGIN" "$ctx/efa-device-plugin"
-	(cd "$REPO" && buildah --root "$T/buildah/root" --runroot "$T/buildah/runroot" --storage-driver vfs \
-		bud --isolation chroot --build-context "build=$ctx" --build-arg "TARGETARCH=$arch" \
+	(cd "$REPO" && oci_archive "$T/buildah" "$IMAGE" "$T/images/plugin.tar" \
+		--build-context "build=$ctx" --build-arg "TARGETARCH=$arch" \
 		--build-arg "BUILDARCH=$arch" --build-arg "REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
-		-t "$IMAGE" -f Dockerfile . &&
-		buildah --root "$T/buildah/root" --runroot "$T/buildah/runroot" --storage-driver vfs \
-			push "$IMAGE" "oci-archive:$T/images/plugin.tar:$IMAGE") >"$T/logs/buildah.log" 2>&1
+		-f Dockerfile .) >"$T/logs/buildah.log" 2>&1
 }
 
 setup() {
@@ -508,13 +510,16 @@ pod_events() {
 failed_scheduling() { pod_events "$1" | grep -q "FailedScheduling: .*Insufficient $RESOURCE"; }
 
 case_operator_cli() {
-	local pod out n
+	local pod out n=0 i
 	pod=$(ready_plugin_pod)
 	if ! out=$(kns exec "$pod" -- /efa-device-plugin --sysfs-root "$SYSFS_IN_POD" list 2>&1); then
 		REASON="kubectl exec $pod -- /efa-device-plugin list failed: $out"
 		return 1
 	fi
-	n=$(grep -c '0000:[0-9a-f][0-9a-f]:1b.0' <<<"$out")
+	# One row per EFA, naming it by its ID (the ibdev name) and its PCI address.
+	for i in "${!EFA_BUSES[@]}"; do
+		grep -E "^$(efa_ibdev "$i") .*$(efa_pci "$i")" <<<"$out" >/dev/null && n=$((n + 1))
+	done
 	if ((n != 4)); then
 		REASON="list printed $n devices, want 4: $(paste -sd'|' <<<"$out")"
 		return 1
@@ -731,7 +736,7 @@ case_cdi() {
 		return 1
 	fi
 	spec_ids=$(python3 -c 'import json, sys; print(" ".join(sorted(d["name"] for d in json.load(open(sys.argv[1]))["devices"])))' "$CDI_SPEC")
-	want_ids=$(for i in "${!EFA_BUSES[@]}"; do efa_id "$i"; done | sort | paste -sd' ')
+	want_ids=$(efa_ibdevs)
 	if [[ $spec_ids != "$want_ids" ]]; then
 		REASON="CDI spec devices [$spec_ids], want [$want_ids]"
 		return 1
@@ -795,6 +800,10 @@ main() {
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
 	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
 	run_case "(11) CDI mode: with the plugin gone, a holder's killed container restarts with its EFA" case_cdi_spec_outlives_the_plugin
+	run_case "(12) Migration, README order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs" case_migration_readme
+	run_case "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
+	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
+	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
 }
 
 main "$@"

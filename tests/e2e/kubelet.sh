@@ -56,11 +56,6 @@ write_pod() {
 	mv "$T/manifests.tmp/$name.json" "$T/manifests/$name.json"
 }
 
-all_ids() {
-	local i
-	for i in "${!EFA_BUSES[@]}"; do efa_id "$i"; done | paste -sd' '
-}
-
 # wait_pod_running NAME COUNT: the pod runs, the checkpoint gives it COUNT
 # devices, and its container saw exactly their nodes. Sets POD_IDS.
 wait_pod_running() {
@@ -111,8 +106,8 @@ modified_since() { [[ -e $1 ]] && (($(stat -c %Y "$1") > $2)); }
 
 case_a() {
 	start_plugin "$T/sys" "$T/dev"
-	if ! wait_until 30 registered_is "$(all_ids)"; then
-		REASON="checkpoint lists [$(registered_ids)] under $RESOURCE after 30s, want [$(all_ids)]; kubelet registrations: $(registrations); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
+	if ! wait_until 30 registered_is "$(efa_ibdevs)"; then
+		REASON="checkpoint lists [$(registered_ids)] under $RESOURCE after 30s, want [$(efa_ibdevs)]; kubelet registrations: $(registrations); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
 		return 1
 	fi
 	if (($(registrations) != 1)); then
@@ -140,7 +135,7 @@ case_d() {
 	fi
 	# The restarted kubelet deleted the plugin's socket; the plugin has to
 	# notice the new kubelet.sock and register again.
-	if ! wait_until 60 registered_since 0 "$(all_ids)"; then
+	if ! wait_until 60 registered_since 0 "$(efa_ibdevs)"; then
 		REASON="plugin did not register with the restarted kubelet within 60s (registrations: $(registrations), checkpoint: [$(registered_ids)], dir: [$(find "$DP_DIR" -mindepth 1 -printf '%f ')]); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
 		return 1
 	fi
@@ -198,12 +193,11 @@ case_e() {
 
 case_f() {
 	local last_id three p
-	last_id=$(efa_id 3)
+	last_id=$(efa_ibdev 3)
 	for p in b e; do
 		remove_pod "$p" || { REASON="pod $p still listed 60s after its manifest was removed"; return 1; }
 	done
-	three=$(efa_id 0; efa_id 1; efa_id 2)
-	three=$(paste -sd' ' <<<"$three")
+	three=$(efa_ibdevs 0 1 2)
 	rm "$T/dev/infiniband/uverbs3"
 	if ! wait_until 30 registered_is "$three"; then
 		REASON="with $T/dev/infiniband/uverbs3 gone, checkpoint still lists [$(registered_ids)] after 30s, want [$three]"
@@ -213,8 +207,8 @@ case_f() {
 	wait_pod_rejected f1 4 || return 1
 	remove_pod f1
 	make_uverbs_node "$T/dev" 3
-	if ! wait_until 30 registered_is "$(all_ids)"; then
-		REASON="with uverbs3 restored, checkpoint lists [$(registered_ids)] after 30s, want [$(all_ids)] ($last_id healthy again)"
+	if ! wait_until 30 registered_is "$(efa_ibdevs)"; then
+		REASON="with uverbs3 restored, checkpoint lists [$(registered_ids)] after 30s, want [$(efa_ibdevs)] ($last_id healthy again)"
 		return 1
 	fi
 	write_pod f2 4

@@ -81,6 +81,35 @@ kube_gomod() {
 	} >"$work/go.mod"
 }
 
+# aws_standin_binary CACHE SRC: prints the path of the AWS plugin stand-in
+# built from the Go module in SRC against upstream's device-plugin stub at
+# $KUBE_VERSION, so it speaks the cluster's own API version. Cached per
+# version and source; the kubelet's build left most of it compiled.
+aws_standin_binary() {
+	local cache=$1 src=$2 sum dir work tags=
+	sum=$(cat "$src"/go.mod "$src"/*.go | sha256sum | cut -c1-16)
+	dir=$cache/aws-standin-$KUBE_VERSION-$sum
+	if [[ -x $dir/aws-standin ]]; then
+		printf '%s\n' "$dir/aws-standin"
+		return 0
+	fi
+	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
+	go_env "$cache"
+	work=$(new_workdir "$cache" aws-standin) || return 1
+	# The stub's calls took a context from 1.35 on (stub_ctx.go).
+	if ! (cp "$src"/*.go "$work/" && kube_gomod "$work" aws-standin &&
+		cd "$work" && go mod tidy >&2 &&
+		stub=$(go list -f '{{.Dir}}' k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1) &&
+		{ ! grep -q 'func (m \*Stub) Start(ctx context.Context)' "$stub/stub.go" || tags=stubctx; } &&
+		go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$work/aws-standin" . >&2); then
+		rm -rf "$work"
+		return 1
+	fi
+	rm -rf "$cache/aws-standin-$KUBE_VERSION"-*
+	mkdir -p "$dir" && mv "$work/aws-standin" "$dir/" && rm -rf "$work"
+	printf '%s\n' "$dir/aws-standin"
+}
+
 # The binary `go build` names for PKG: its last element, or the one before a
 # major-version suffix (go.etcd.io/etcd/server/v3 builds "server").
 binary_name() {
@@ -161,6 +190,17 @@ static_plugin_binary() {
 	(cd "$1" && RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --no-default-features --target "$triple" >&2) ||
 		return 1
 	printf '%s\n' "${CARGO_TARGET_DIR:-$1/target}/$triple/release/efa-device-plugin"
+}
+
+# oci_archive STORE TAG ARCHIVE BUD_ARG...: builds TAG with `buildah bud`
+# (vfs storage under STORE, chroot isolation: no daemon, no registry) and
+# writes it to ARCHIVE as an oci-archive, which `ctr images import` loads.
+oci_archive() {
+	local store=$1 tag=$2 archive=$3
+	shift 3
+	local -a buildah=(buildah --root "$store/root" --runroot "$store/runroot" --storage-driver vfs)
+	"${buildah[@]}" bud --isolation chroot -t "$tag" "$@" &&
+		"${buildah[@]}" push "$tag" "oci-archive:$archive:$tag"
 }
 
 # kubelet_cgroup_settings: what the kubelet config needs on this host. From

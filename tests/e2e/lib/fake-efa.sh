@@ -13,14 +13,28 @@ EFA_NUMA=(0 0 1 1)
 UVERBS_MAJOR=231
 UVERBS_MINOR_BASE=192
 
-# Device ID (PCI address) of the EFA with uverbs index $1.
-efa_id() { printf '0000:%s:1b.0\n' "${EFA_BUSES[$1]}"; }
+# PCI address of the EFA with uverbs index $1: its device ID under
+# device-id-strategy pci.
+efa_pci() { printf '0000:%s:1b.0\n' "${EFA_BUSES[$1]}"; }
 
-# uverbs index of the EFA whose device ID is $1.
+# Name under class/infiniband of the EFA with uverbs index $1, as rdma-core
+# names it from the PCI location: its device ID under the default strategy
+# (ibdev), and the AWS plugin's.
+efa_ibdev() { printf 'rdmap%ds27\n' "$((16#${EFA_BUSES[$1]}))"; }
+
+# efa_ibdevs [INDEX...]: the ibdev names of the EFAs with those uverbs
+# indexes (all by default), sorted as the kubelet's checkpoint lists IDs, on
+# one line.
+efa_ibdevs() {
+	local i
+	for i in "${@:-${!EFA_BUSES[@]}}"; do efa_ibdev "$i"; done | sort | paste -sd' '
+}
+
+# uverbs index of the EFA whose device ID, under either strategy, is $1.
 efa_index() {
 	local i
 	for i in "${!EFA_BUSES[@]}"; do
-		[[ $(efa_id "$i") == "$1" ]] && { echo "$i"; return 0; }
+		[[ $(efa_ibdev "$i") == "$1" || $(efa_pci "$i") == "$1" ]] && { echo "$i"; return 0; }
 	done
 	return 1
 }
@@ -68,7 +82,7 @@ make_fake_efa_host() {
 	(($# == 0)) || numa=("$@")
 	for i in "${!EFA_BUSES[@]}"; do
 		bus=${EFA_BUSES[$i]}
-		add_fake_efa "$sys" "$dev" "pci0000:$bus/0000:$bus:01.0" "0000:$bus:1b.0" "rdmap$((16#$bus))s27" \
+		add_fake_efa "$sys" "$dev" "pci0000:$bus/0000:$bus:01.0" "0000:$bus:1b.0" "$(efa_ibdev "$i")" \
 			"$i" "${numa[$i]}" 0xefa1 || return 1
 	done
 }
