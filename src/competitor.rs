@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::fswatch::WatchedDir;
+use crate::fswatch::Rescans;
 use crate::state::PluginStatus;
 
 /// A connect to a live plugin's socket completes at once; one that does not is no answer.
@@ -80,15 +80,8 @@ impl Watch {
         if self.sockets.is_empty() {
             return shutdown.cancelled().await;
         }
-        let mut dir = WatchedDir::new(self.dir.clone());
-        let mut ticker = tokio::time::interval(self.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-                () = dir.changed() => {}
-            }
+        let mut rescans = Rescans::new(self.dir.clone(), self.interval, shutdown);
+        while rescans.due().await {
             self.refresh().await;
         }
     }

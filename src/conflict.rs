@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::fswatch::WatchedDir;
+use crate::fswatch::Rescans;
 use crate::state::DeviceState;
 
 /// While a conflict lasts it is logged again this often, so it is in any recent log excerpt.
@@ -123,15 +123,8 @@ impl Guard {
 
     /// Re-checks on every change of the dir, and every `interval` in any case.
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
-        let mut dir = WatchedDir::new(self.dir.clone());
-        let mut ticker = tokio::time::interval_at(Instant::now() + self.interval, self.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-                () = dir.changed() => {}
-            }
+        let mut rescans = Rescans::new(self.dir.clone(), self.interval, shutdown);
+        while rescans.due().await {
             self.refresh().await;
         }
     }

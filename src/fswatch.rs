@@ -5,10 +5,12 @@ use std::ffi::OsString;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
+use tokio_util::sync::CancellationToken;
 
 /// One inotify event about an entry of the watched directory.
 #[derive(Clone, Debug)]
@@ -97,6 +99,36 @@ impl DirWatch {
                     return Err(err.into());
                 }
             }
+        }
+    }
+}
+
+/// The rhythm of a rescan of one directory: a pass every `interval`, and one at once on every
+/// change in the directory, until shutdown.
+pub(crate) struct Rescans {
+    dir: WatchedDir,
+    ticker: tokio::time::Interval,
+    shutdown: CancellationToken,
+}
+
+impl Rescans {
+    /// The first tick comes one `interval` from now: the caller has just made a pass.
+    pub(crate) fn new(dir: PathBuf, interval: Duration, shutdown: CancellationToken) -> Self {
+        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Rescans {
+            dir: WatchedDir::new(dir),
+            ticker,
+            shutdown,
+        }
+    }
+
+    /// Waits for the next pass to be due; false on shutdown.
+    pub(crate) async fn due(&mut self) -> bool {
+        tokio::select! {
+            _ = self.shutdown.cancelled() => false,
+            _ = self.ticker.tick() => true,
+            () = self.dir.changed() => true,
         }
     }
 }
