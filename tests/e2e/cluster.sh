@@ -388,6 +388,7 @@ workload() {
 }
 
 job_pod() { k get pods -l "job-name=$1" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
+no_job_pod() { [[ -z $(k get pods -l "job-name=$1" -o name 2>/dev/null) ]]; }
 
 # check_devices POD COUNT: the pod's container saw exactly the uverbs nodes
 # of the COUNT devices the kubelet allocated to it.
@@ -747,10 +748,13 @@ case_cdi() {
 		REASON="the Job's container has ${env:-no FI_PROVIDER line}, want FI_PROVIDER=efa"
 		return 1
 	fi
+	# The spec goes with the plugin only once the kubelet lists no container holding an EFA:
+	# the Job's pod is removed after its Job, in the background.
+	wait_until 60 no_job_pod cdi-job || { REASON="cdi-job's pod still there 60s after its Job"; return 1; }
 	helm uninstall efa -n "$NS" --wait >/dev/null || { REASON="helm uninstall failed"; return 1; }
 	wait_until 60 no_plugin_pod || { REASON="plugin pod still there 60s after helm uninstall"; return 1; }
 	if [[ -e $CDI_SPEC ]]; then
-		REASON="$CDI_SPEC remains after the plugin stopped"
+		REASON="$CDI_SPEC remains after the plugin stopped with no holder left"
 		return 1
 	fi
 }
