@@ -65,8 +65,10 @@ finish() {
 		FAILED=1
 	fi
 	echo "$PASSED passed, $FAILED failed"
-	((FAILED == 0))
-	exit
+	# A bare exit in an EXIT trap keeps the status from before the trap, which is the last
+	# case's run_case: 0 even when an earlier case failed.
+	((FAILED == 0)) && exit 0
+	exit 1
 }
 
 # wait_until SECONDS CMD...: polls CMD until it succeeds or time runs out.
