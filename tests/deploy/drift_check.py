@@ -113,7 +113,7 @@ def host_path_of(mount, volume, path):
 def check_rendering(checks, binary, flags, commands, path):
     docs = rendered.load(path)
     ds = rendered.one(docs, "DaemonSet")
-    cm = rendered.one(docs, "ConfigMap")
+    cm = rendered.plugin_configmap(docs)
     pod = ds["spec"]["template"]
     container = rendered.plugin_container(ds)
     volumes = {v["name"]: v for v in pod["spec"].get("volumes", [])}

@@ -18,6 +18,14 @@ def one(docs, kind):
     return found[0]
 
 
+def plugin_configmap(docs):
+    """The ConfigMap holding the plugin's config file; others (the dashboard's) may be rendered too."""
+    found = [d for d in docs if d.get("kind") == "ConfigMap" and CONFIG_KEY in (d.get("data") or {})]
+    if len(found) != 1:
+        raise AssertionError(f"expected one ConfigMap holding {CONFIG_KEY}, found {len(found)}")
+    return found[0]
+
+
 def plugin_container(daemonset):
     for c in daemonset["spec"]["template"]["spec"]["containers"]:
         if c["name"] == PLUGIN_CONTAINER:
