@@ -71,7 +71,7 @@ kubelet_policy_config() {
 
 setup() {
 	prepare_standalone
-	STANDIN=$(kube_stub_plugin "$CACHE" "$HERE/gpu-standin" gpu-standin) || fail_setup "building gpu-standin failed"
+	STANDIN=$(stub_plugin "$CACHE" "$HERE/gpu-standin" gpu-standin) || fail_setup "building gpu-standin failed"
 	local host_nodes
 	host_nodes=$(NODE_SYSFS=/proc/1/root$NODE_SYSFS numa_nodes_seen)
 	make_two_node_tree "$T/numa" || fail_setup "cannot build the two-node tree"

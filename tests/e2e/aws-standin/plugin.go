@@ -51,11 +51,11 @@ func serve(args []string) error {
 	if err := start(stub); err != nil {
 		return fmt.Errorf("serving %s: %w", socket, err)
 	}
-	if err := register(stub, kubelet, *dir+"/"); err != nil {
+	if err := register(stub, kubelet, resourceName, *dir+"/"); err != nil {
 		return fmt.Errorf("registering with %s: %w", kubelet, err)
 	}
 	klog.InfoS("Registered device plugin with Kubelet")
-	go watch(stub, kubelet, *dir+"/")
+	go watch(stub, kubelet, resourceName, *dir+"/")
 
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)

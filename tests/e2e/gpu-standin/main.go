@@ -5,6 +5,8 @@
 // under test is in it. Allocate sets one environment variable naming the allocated IDs, which
 // the suite reads back inside the container.
 //
+// The stub's calls changed in 1.35; tests/e2e/stubcompat/ adapts them and is built in.
+//
 // It registers once and serves until SIGTERM or SIGINT, then removes its socket. After a
 // kubelet restart the suite starts it again.
 package main
@@ -20,7 +22,6 @@ import (
 	"syscall"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
-	stub "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
 )
 
 func main() {
@@ -35,23 +36,23 @@ func main() {
 		fmt.Fprintf(os.Stderr, "gpu-standin: --devices: %v\n", err)
 		os.Exit(2)
 	}
-	plugin := stub.NewDevicePluginStub(devs, filepath.Join(*dir, "gpu-standin.sock"), *resource, false, false)
+	plugin := newStub(devs, filepath.Join(*dir, "gpu-standin.sock"), *resource)
 	plugin.SetAllocFunc(func(r *pluginapi.AllocateRequest, known map[string]*pluginapi.Device) (*pluginapi.AllocateResponse, error) {
 		return allocate(r, known, *env)
 	})
-	if err := plugin.Start(); err != nil {
+	if err := start(plugin); err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-standin: serving: %v\n", err)
 		os.Exit(1)
 	}
 	// The stub checks for a DEPRECATION file by plain concatenation, so the dir ends in a slash.
-	if err := plugin.Register(filepath.Join(*dir, filepath.Base(pluginapi.KubeletSocket)), *resource, *dir+"/"); err != nil {
+	if err := register(plugin, filepath.Join(*dir, filepath.Base(pluginapi.KubeletSocket)), *resource, *dir+"/"); err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-standin: registering: %v\n", err)
 		os.Exit(1)
 	}
 	signals := make(chan os.Signal, 1)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)
 	<-signals
-	if err := plugin.Stop(); err != nil {
+	if err := stop(plugin); err != nil {
 		fmt.Fprintf(os.Stderr, "gpu-standin: stopping: %v\n", err)
 		os.Exit(1)
 	}

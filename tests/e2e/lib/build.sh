@@ -81,35 +81,6 @@ kube_gomod() {
 	} >"$work/go.mod"
 }
 
-# aws_standin_binary CACHE SRC: prints the path of the AWS plugin stand-in
-# built from the Go module in SRC against upstream's device-plugin stub at
-# $KUBE_VERSION, so it speaks the cluster's own API version. Cached per
-# version and source; the kubelet's build left most of it compiled.
-aws_standin_binary() {
-	local cache=$1 src=$2 sum dir work tags=
-	sum=$(cat "$src"/go.mod "$src"/*.go | sha256sum | cut -c1-16)
-	dir=$cache/aws-standin-$KUBE_VERSION-$sum
-	if [[ -x $dir/aws-standin ]]; then
-		printf '%s\n' "$dir/aws-standin"
-		return 0
-	fi
-	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
-	go_env "$cache"
-	work=$(new_workdir "$cache" aws-standin) || return 1
-	# The stub's calls took a context from 1.35 on (stub_ctx.go).
-	if ! (cp "$src"/*.go "$work/" && kube_gomod "$work" aws-standin &&
-		cd "$work" && go mod tidy >&2 &&
-		stub=$(go list -f '{{.Dir}}' k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1) &&
-		{ ! grep -q 'func (m \*Stub) Start(ctx context.Context)' "$stub/stub.go" || tags=stubctx; } &&
-		go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$work/aws-standin" . >&2); then
-		rm -rf "$work"
-		return 1
-	fi
-	rm -rf "$cache/aws-standin-$KUBE_VERSION"-*
-	mkdir -p "$dir" && mv "$work/aws-standin" "$dir/" && rm -rf "$work"
-	printf '%s\n' "$dir/aws-standin"
-}
-
 # The binary `go build` names for PKG: its last element, or the one before a
 # major-version suffix (go.etcd.io/etcd/server/v3 builds "server").
 binary_name() {
@@ -227,14 +198,16 @@ prometheus_operator_crds() {
 	done
 }
 
-# kube_stub_plugin CACHE SRC NAME: prints the path of the Go program in the
-# dir SRC built against k8s.io/kubernetes at $KUBE_VERSION (for the kubelet's
-# device-plugin stub), in the kubelet build's module and build caches, so it
-# compiles only what the kubelet build has not. The binary is cached per
-# version and per hash of the sources, so an edit rebuilds it.
-kube_stub_plugin() {
-	local cache=$1 src=$2 name=$3 hash work
-	hash=$(cat "$src"/*.go | sha256sum | cut -c1-16)
+# stub_plugin CACHE SRC NAME: prints the path of the Go program in the dir
+# SRC, with the stub adapters of stubcompat/ beside it, built against
+# k8s.io/kubernetes at $KUBE_VERSION (for the kubelet's device-plugin stub), in
+# the kubelet build's module and build caches, so it compiles only what the
+# kubelet build has not. The binary is cached per version and per hash of the
+# sources, so an edit rebuilds it.
+stub_plugin() {
+	local cache=$1 src=$2 name=$3 compat hash work tags=
+	compat=$(dirname "${BASH_SOURCE[0]}")/../stubcompat
+	hash=$(cat "$src"/*.go "$compat"/*.go | sha256sum | cut -c1-16)
 	local bin=$cache/kubernetes-$KUBE_VERSION/$name-$hash
 	if [[ -x $bin ]]; then
 		printf '%s\n' "$bin"
@@ -243,10 +216,13 @@ kube_stub_plugin() {
 	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
 	go_env "$cache"
 	work=$(new_workdir "$cache" "$name") || return 1
-	cp "$src"/*.go "$work/"
+	cp "$src"/*.go "$compat"/*.go "$work/"
 	mkdir -p "${bin%/*}"
+	# The stub's calls took a context from 1.35 on (stubcompat/stub_ctx.go).
 	if ! (cd "$work" && kube_gomod "$work" "$name" && go get "k8s.io/kubernetes@$KUBE_VERSION" &&
-		go build -trimpath -ldflags "-s -w" -o "$work/$name" .) >&2; then
+		stub=$(go list -f '{{.Dir}}' k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1) &&
+		{ ! grep -q 'func (m \*Stub) Start(ctx context.Context)' "$stub/stub.go" || tags=stubctx; } &&
+		go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$work/$name" .) >&2; then
 		rm -rf "$work"
 		return 1
 	fi

@@ -15,10 +15,10 @@ func newStub(devs []*pluginapi.Device, socket, resource string) *v1beta1.Stub {
 
 func start(s *v1beta1.Stub) error { return s.Start() }
 
-func register(s *v1beta1.Stub, kubelet, dir string) error {
-	return s.Register(kubelet, resourceName, dir)
+func register(s *v1beta1.Stub, kubelet, resource, dir string) error {
+	return s.Register(kubelet, resource, dir)
 }
 
-func watch(s *v1beta1.Stub, kubelet, dir string) { s.Watch(kubelet, resourceName, dir) }
+func watch(s *v1beta1.Stub, kubelet, resource, dir string) { s.Watch(kubelet, resource, dir) }
 
 func stop(s *v1beta1.Stub) error { return s.Stop() }

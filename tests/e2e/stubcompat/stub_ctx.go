@@ -3,7 +3,8 @@
 package main
 
 // The stub's calls from Kubernetes 1.35 on, which take a context or a logger.
-// tests/e2e/lib/build.sh picks this file or stub_plain.go by the signature it
+// Both stand-ins are built with these files copied in (tests/e2e/lib/build.sh
+// stub_plugin), which picks this file or stub_plain.go by the signature it
 // finds in the stub's source.
 
 import (
@@ -20,12 +21,12 @@ func newStub(devs []*pluginapi.Device, socket, resource string) *v1beta1.Stub {
 
 func start(s *v1beta1.Stub) error { return s.Start(context.Background()) }
 
-func register(s *v1beta1.Stub, kubelet, dir string) error {
-	return s.Register(context.Background(), kubelet, resourceName, dir)
+func register(s *v1beta1.Stub, kubelet, resource, dir string) error {
+	return s.Register(context.Background(), kubelet, resource, dir)
 }
 
-func watch(s *v1beta1.Stub, kubelet, dir string) {
-	s.Watch(context.Background(), kubelet, resourceName, dir)
+func watch(s *v1beta1.Stub, kubelet, resource, dir string) {
+	s.Watch(context.Background(), kubelet, resource, dir)
 }
 
 func stop(s *v1beta1.Stub) error { return s.Stop(klog.Background()) }
