@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -68,6 +69,10 @@ func serve(sysfs, cdiDir, node string) error {
 	for _, e := range efas {
 		driver.efas[e.name] = e
 		devices = append(devices, e.device())
+	}
+	// The helper serves its DRA socket there but does not make the dir.
+	if err := os.MkdirAll(filepath.Join(kubeletplugin.KubeletPluginsDir, driverName), 0o750); err != nil {
+		return err
 	}
 	helper, err := kubeletplugin.Start(ctx, driver,
 		kubeletplugin.DriverName(driverName),

@@ -266,9 +266,12 @@ dra_driver() {
 }
 
 build_dra_driver() {
-	local name=$1
+	local name=$1 helper tags=
 	shift
+	# The helper's DRAPlugin asks for WatchHealthStatus from 1.37 on (the drahealth tag).
 	cp "$@" . && go mod init "efa-device-plugin-e2e/$name" >/dev/null 2>&1 &&
 		go get "k8s.io/dynamic-resource-allocation@v0.${KUBE_VERSION#v1.}" && go mod tidy &&
-		go build -trimpath -ldflags "-s -w" -o "$name" .
+		helper=$(go list -f '{{.Dir}}' k8s.io/dynamic-resource-allocation/kubeletplugin) &&
+		{ ! grep -q 'WatchHealthStatus(ctx context.Context' "$helper/draplugin.go" || tags=drahealth; } &&
+		go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$name" .
 }
