@@ -378,7 +378,8 @@ fn layout(shape: Shape) -> Vec<FakeDevice> {
         // Eight GPU PCIe switches of 4 EFAs each, at slot 0 of buses 0x4f–0x52, 0x60–0x63, …,
         // 0xc6–0xc9: aws-ofi-nccl `topology/p5.48xl-topo.xml` names them `rdmap79s0` …
         // `rdmap201s0` (its bus IDs are synthetic; the names carry the real bus), and
-        // `rdmap79s0` is `0000:4f:00.0` on NUMA node 0 next to GPU0 at `0000:53:00.0`. uverbs
+        // `rdmap79s0` is `0000:4f:00.0` on NUMA node 0 next to GPU0 at `0000:53:00.0` (a weak
+        // report: an excerpt without its repository; GPUs are not simulated). uverbs
         // numbers follow ascending bus (eks-charts PR #1110/#1144 logs), which is not name
         // order: `rdmap113s0` sorts first. Assumed: switches 0–3 on NUMA node 0, 4–7 on 1, and
         // the bridges above each switch.
