@@ -27,9 +27,9 @@ python_tools=(
 # v5.8.3 needs Go 1.27; v5.8.2 builds with the Go that machines have today.
 kustomize_module=sigs.k8s.io/kustomize/kustomize/v5@v5.8.2
 actionlint_module=github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
-# The oldest Kubernetes the manifests support, and the first with DRA
-# generally available, where EFA DRA drivers such as dra.net can appear.
-kubernetes_versions=(1.30.0 1.34.0)
+# The oldest Kubernetes the manifests support, the first with DRA generally
+# available, where EFA DRA drivers such as dra.net can appear, and the newest.
+kubernetes_versions=(1.30.0 1.34.0 1.37.0)
 # The image is the binary alone (FROM scratch), so this is its size budget.
 max_binary_bytes=$((15 * 1000 * 1000))
 

@@ -539,7 +539,29 @@ case_operator_cli() {
 	fi
 }
 
+# holder_metrics POD: one scrape of POD into METRICS; true once it shows 4 healthy EFAs and, for
+# each of the holder's EFAs, its counters and the info series naming the holder (HELD counts
+# them).
+holder_metrics() {
+	local id ibdev
+	HELD=0
+	METRICS=$(scrape "$1") || return 1
+	grep -qx 'efa_device_plugin_devices{health="healthy"} 4' <<<"$METRICS" || return 1
+	for id in "${HOLDER_IDS[@]}"; do
+		# An ID is the ibdev name, or with --device-id-strategy=pci the PCI address.
+		ibdev=$id
+		[[ $id == *:* ]] && ibdev=rdmap$((16#$(cut -d: -f2 <<<"$id")))s27
+		if grep -E "^efa_[a-z_]+_total\{" <<<"$METRICS" | grep "device=\"$id\"" | grep -q "ibdev=\"$ibdev\"" &&
+			grep -qxF "efa_device_allocation{device=\"$id\",namespace=\"default\",pod=\"holder\",container=\"probe\"} 1" <<<"$METRICS"; then
+			HELD=$((HELD + 1))
+		fi
+	done
+	((HELD == 2)) && (($(grep '^efa_device_allocation{' <<<"$METRICS" | grep -c 'pod="holder"') == 2))
+}
+
 case_metrics() {
+	# holder_metrics sets these, in this scope.
+	local pod METRICS='' HELD=0
 	workload holder pod 2 >/dev/null || { REASON="pod holder not accepted"; return 1; }
 	if ! wait_until 60 pod_phase_is holder Running; then
 		REASON="pod holder not Running within 60s: $(pod_events holder)"
@@ -547,32 +569,17 @@ case_metrics() {
 	fi
 	check_devices holder 2 || return 1
 	HOLDER_IDS=("${POD_IDS[@]}")
-	# The plugin reads PodResources every rescan interval (5s), so a holder this new may be
-	# missing from the first scrape.
-	wait_until 15 metrics_name_holder "$(ready_plugin_pod)"
-}
-
-# metrics_name_holder POD: POD's metrics show 4 healthy EFAs, and counters and an
-# efa_device_allocation naming the holder for each of HOLDER_IDS; REASON says what is missing.
-metrics_name_holder() {
-	local pod=$1 metrics id ibdev held=0
-	metrics=$(scrape "$pod") || { REASON="no answer from http://$(pod_field "$pod" '{.status.podIP}' "$NS"):9465/metrics"; return 1; }
-	if ! grep -qx 'efa_device_plugin_devices{health="healthy"} 4' <<<"$metrics"; then
-		REASON="metrics lack efa_device_plugin_devices{health=\"healthy\"} 4: $(grep '^efa_device_plugin_devices' <<<"$metrics" | paste -sd'|')"
-		return 1
-	fi
-	for id in "${HOLDER_IDS[@]}"; do
-		# An ID is the ibdev name, or with --device-id-strategy=pci the PCI address.
-		ibdev=$id
-		[[ $id == *:* ]] && ibdev=rdmap$((16#$(cut -d: -f2 <<<"$id")))s27
-		# The device's counters, and the info series naming the holder.
-		if grep -E "^efa_[a-z_]+_total\{" <<<"$metrics" | grep "device=\"$id\"" | grep -q "ibdev=\"$ibdev\"" &&
-			grep -qxF "efa_device_allocation{device=\"$id\",namespace=\"default\",pod=\"holder\",container=\"probe\"} 1" <<<"$metrics"; then
-			held=$((held + 1))
+	pod=$(ready_plugin_pod)
+	# The plugin learns holders from the kubelet once per rescan interval (5 s), so a scrape
+	# right after the pod starts may still show the pods before it.
+	if ! wait_until 15 holder_metrics "$pod"; then
+		if [[ -z $METRICS ]]; then
+			REASON="no answer from http://$(pod_field "$pod" '{.status.podIP}' "$NS"):9465/metrics"
+		elif ! grep -qx 'efa_device_plugin_devices{health="healthy"} 4' <<<"$METRICS"; then
+			REASON="metrics lack efa_device_plugin_devices{health=\"healthy\"} 4: $(grep '^efa_device_plugin_devices' <<<"$METRICS" | paste -sd'|')"
+		else
+			REASON="after 15s $HELD of the holder's 2 EFAs have counters and an efa_device_allocation naming its namespace, pod and container: $(grep -E '^efa_device_allocation\{' <<<"$METRICS" | head -3 | paste -sd'|')"
 		fi
-	done
-	if ((held != 2)) || (($(grep '^efa_device_allocation{' <<<"$metrics" | grep -c 'pod="holder"') != 2)); then
-		REASON="$held of the holder's 2 EFAs have counters and an efa_device_allocation naming its namespace, pod and container: $(grep -E '^efa_device_allocation\{' <<<"$metrics" | head -3 | paste -sd'|')"
 		return 1
 	fi
 }

@@ -35,6 +35,7 @@ STANDIN_STARTS=0
 # What the kubelet and the plugin currently run with.
 POLICY=
 SCOPE=
+CPU_POLICY=
 FIXTURE=
 FIXTURES=(p4d p5en g5)
 # Our plugin logs each GetPreferredAllocation answer at debug level.
@@ -65,8 +66,13 @@ start_standin() {
 
 gpu_registered() { (($(registrations "$GPU") > 0)) && registered_is "GPU-0 GPU-1" "$GPU"; }
 
+# kubelet_policy_config POLICY SCOPE CPU_POLICY: the kubelet config lines. The
+# static CPU manager keeps CPU 0, the first node's, for the system, so an
+# exclusive CPU can only come from node 1.
 kubelet_policy_config() {
-	printf '%s\n' "topologyManagerPolicy: $1" "topologyManagerScope: $2"
+	printf '%s\n' "topologyManagerPolicy: $1" "topologyManagerScope: $2" "cpuManagerPolicy: $3"
+	[[ $3 == static ]] && echo 'reservedSystemCPUs: "0"'
+	return 0
 }
 
 setup() {
@@ -80,9 +86,9 @@ setup() {
 	[[ $(NODE_SYSFS=/proc/1/root$NODE_SYSFS numa_nodes_seen) == "$host_nodes" ]] ||
 		fail_setup "the mount leaked out of the namespace"
 	make_fixtures || fail_setup "cannot build the fake EFA hosts"
-	POLICY=single-numa-node SCOPE=container
+	POLICY=single-numa-node SCOPE=container CPU_POLICY=none
 	local -a config
-	mapfile -t config < <(kubelet_policy_config "$POLICY" "$SCOPE")
+	mapfile -t config < <(kubelet_policy_config "$POLICY" "$SCOPE" "$CPU_POLICY")
 	start_standalone "${config[@]}"
 	use_fixture p4d || fail_setup "$REASON"
 	start_standin || fail_setup "gpu-standin did not register: $(tail -3 "$T/logs/gpu-standin.$STANDIN_STARTS.log" | paste -sd'|')"
@@ -100,22 +106,25 @@ use_fixture() {
 	FIXTURE=$1
 }
 
-# use_policy POLICY SCOPE: the kubelet runs with this Topology Manager policy
-# and scope, restarted (with no pods) if it did not; both plugins register
-# with the new kubelet.
+# use_policy POLICY SCOPE [CPU_POLICY]: the kubelet runs with this Topology
+# Manager policy and scope and CPU manager policy (default none), restarted
+# (with no pods) if it did not; both plugins register with the new kubelet.
 use_policy() {
-	[[ $POLICY == "$1" && $SCOPE == "$2" ]] && return 0
+	local cpu=${3:-none}
+	[[ $POLICY == "$1" && $SCOPE == "$2" && $CPU_POLICY == "$cpu" ]] && return 0
 	remove_all_pods || return 1
 	stop_pid "$STANDIN_PID" 10
 	stop_pid "$KUBELET_PID" 30
 	local -a config
-	mapfile -t config < <(kubelet_policy_config "$1" "$2")
+	mapfile -t config < <(kubelet_policy_config "$1" "$2" "$cpu")
 	write_kubelet_config "${config[@]}"
+	# The CPU manager refuses to start on a checkpoint of another policy.
+	rm -f "$T/kubelet/root/cpu_manager_state"
 	if ! start_kubelet; then
-		REASON="kubelet ($1, $2) not healthy within 60s: $(tail -3 "$(kubelet_log)" | paste -sd'|')"
+		REASON="kubelet ($1, $2, CPU manager $cpu) not healthy within 60s: $(tail -3 "$(kubelet_log)" | paste -sd'|')"
 		return 1
 	fi
-	POLICY=$1 SCOPE=$2
+	POLICY=$1 SCOPE=$2 CPU_POLICY=$cpu
 	if ! wait_until 60 registered_since 0 "$(fixture_ids_of "$FIXTURE")"; then
 		REASON="plugin did not register with the restarted kubelet: $(tail -3 "$(plugin_log)" | paste -sd'|')"
 		return 1

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# The topology suite's cases (T0-T10 of the GPU-EFA alignment issue). Each
+# The topology suite's cases (T0-T11 of the GPU-EFA alignment issue). Each
 # starts from no pods and names the policy, scope and fixture it needs; the
 # runner orders them so the kubelet restarts once per policy group. Exact
 # device IDs are asserted only where our GetPreferredAllocation answer
@@ -8,10 +8,10 @@
 # Sourced by topology.sh.
 # shellcheck disable=SC2034 # REASON and CASE_DETAIL are run_case's
 
-# fresh POLICY SCOPE FIXTURE: no pods, the kubelet under POLICY and SCOPE,
-# our plugin on FIXTURE.
+# fresh POLICY SCOPE FIXTURE [CPU_POLICY]: no pods, the kubelet under POLICY
+# and SCOPE (and the CPU manager policy, default none), our plugin on FIXTURE.
 fresh() {
-	remove_all_pods && use_policy "$1" "$2" && use_fixture "$3"
+	remove_all_pods && use_policy "$1" "$2" "${4:-none}" && use_fixture "$3"
 }
 
 drop_pod() {
@@ -86,6 +86,8 @@ expect_gpu_env() {
 }
 
 # ---------------------------------------------------------------- cases
+# T1-T10 run BestEffort pods: device alignment is not limited to Guaranteed
+# ones. T11 is the one Guaranteed pod, for the CPU manager.
 
 # T0: the kubelet sees two NUMA nodes: its hints for one EFA include node 1
 # alone, and with everything free it picks node 0 and offers GPA only that
@@ -267,6 +269,20 @@ case_t10() {
 	CASE_DETAIL="init [$kept], app [$app] behind $(switch_of "$a"); $(gpa_summary)"
 }
 
+# T11: the static CPU manager with CPU 0 reserved: a Guaranteed pod's one
+# exclusive CPU can only be CPU 1, on node 1, so single-numa-node offers GPA
+# node 1's EFAs alone, and the container runs on CPU 1.
+case_t11() {
+	fresh single-numa-node container p4d static || return 1
+	expect_running t11 app:job:1:0:1 || return 1
+	expect_one_gpa "$(fixture_ids_of p4d 1)" "" 1 &&
+		expect_devices t11 "$RESOURCE" job "$GPA_ANSWER" 1 || return 1
+	local cpus
+	cpus=$(cpus_of t11 job)
+	[[ $cpus == 1 ]] || { REASON="container job runs on CPUs [$cpus], want [1]"; return 1; }
+	CASE_DETAIL="CPU $cpus + [$GPA_ANSWER] (key 1); hints [$(hints_of t11 "$RESOURCE")]; $(gpa_summary)"
+}
+
 run_topology_cases() {
 	run_case "T0 single-numa-node: kubelet hints include node 1 alone; 1 EFA offered node 0 only" case_t0
 	run_case "T1 single-numa-node: GPU-0 held; 1 GPU + 1 EFA -> GPU-1 + our NUMA-1 pick, x3" case_t1
@@ -284,4 +300,5 @@ run_topology_cases() {
 	run_case "T8 restricted: 5 EFA -> TopologyAffinityError, not UnexpectedAdmissionError" case_t8
 	run_case "T5 best-effort: 1 GPU + 3 EFA on an empty node -> admitted" case_t5_best_effort
 	run_case "T6 best-effort: GPU-0 + a NUMA-1 EFA held; 1 GPU + 2 EFA -> admitted misaligned" case_t6_best_effort
+	run_case "T11 single-numa-node, static CPU manager: Guaranteed 1 CPU + 1 EFA -> CPU 1 + a NUMA-1 EFA" case_t11
 }

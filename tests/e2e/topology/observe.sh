@@ -5,26 +5,28 @@
 # stand-in's variable inside each container. Sourced by topology.sh.
 # shellcheck disable=SC2034 # REASON, POD_* and GPA_* are the cases'
 
-# write_topo_pod NAME CONTAINER...: a static BestEffort pod. Each CONTAINER is
-# KIND:NAME:EFAS:GPUS, KIND "init" or "app". Every container writes the GPU
-# stand-in's variable and its /dev/infiniband into $T/out/NAME/; app
-# containers then sleep.
+# write_topo_pod NAME CONTAINER...: a static pod. Each CONTAINER is
+# KIND:NAME:EFAS:GPUS[:CPUS], KIND "init" or "app"; without CPUS the pod is
+# BestEffort, and a pod whose every container names CPUS is Guaranteed. Every
+# container writes the GPU stand-in's variable, its /dev/infiniband and the
+# CPUs it may run on into $T/out/NAME/; app containers then sleep.
 write_topo_pod() {
-	local name=$1 spec kind cname efas gpus limits rest init=() apps=() json
+	local name=$1 spec kind cname efas gpus cpus limits rest init=() apps=() json
 	shift
 	mkdir -p "$T/out/$name"
 	for spec in "$@"; do
-		IFS=: read -r kind cname efas gpus <<<"$spec"
+		IFS=: read -r kind cname efas gpus cpus <<<"$spec"
 		limits=()
 		((efas > 0)) && limits+=("\"$RESOURCE\": $efas")
 		((gpus > 0)) && limits+=("\"$GPU\": $gpus")
+		((${cpus:-0} > 0)) && limits+=("\"cpu\": \"$cpus\"" '"memory": "32Mi"')
 		rest="exec sleep 100000"
 		[[ $kind == init ]] && rest="true"
 		json=$(
 			IFS=,
 			cat <<-EOF
 				{"name": "$cname", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-				 "command": ["sh", "-c", "echo \"\${$GPU_ENV-}\" >/out/$cname.gpu; ls /dev/infiniband >/out/$cname.ls 2>&1; $rest"],
+				 "command": ["sh", "-c", "echo \"\${$GPU_ENV-}\" >/out/$cname.gpu; sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status >/out/$cname.cpus; ls /dev/infiniband >/out/$cname.ls 2>&1; $rest"],
 				 "resources": {"limits": {${limits[*]}}},
 				 "volumeMounts": [{"name": "out", "mountPath": "/out"}]}
 			EOF
@@ -135,6 +137,9 @@ numa_keys_of() { devices_of "$@" | awk '{print $2}' | sort -u | paste -sd' '; }
 
 # gpu_env_of NAME CONTAINER: the stand-in's variable as the container saw it.
 gpu_env_of() { cat "$T/out/$1/$2.gpu" 2>/dev/null; }
+
+# cpus_of NAME CONTAINER: the CPU list the container was allowed to run on.
+cpus_of() { cat "$T/out/$1/$2.cpus" 2>/dev/null; }
 
 # gpa_answers SKIP: our plugin's answers after the first SKIP (observe.py gpa).
 gpa_answers() { python3 "$HERE/topology/observe.py" gpa "$(plugin_log)" "$1"; }
