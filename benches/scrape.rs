@@ -1,4 +1,4 @@
-//! What observability costs: a `/metrics` scrape of a p5.48xlarge (32 EFAs, 19 counters each),
+//! What observability costs: a `/metrics` scrape of a p5.48xlarge (32 EFAs, 21 counters each),
 //! and Allocate latency with and without a scraper hammering the endpoint; and what a flood of
 //! idle connections to the endpoint, ten times its connection cap, costs the plugin.
 //!
@@ -213,7 +213,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     println!("scrapes while timing Allocate: {frequent_scrapes} at 10/s, {busy_scrapes} non-stop");
     println!(
         "flood of {FLOOD} idle connections ({}x the cap), {} connects in {:.1} s: \
-         at most {} held open, plugin fds {} before (608 counter files), at most {} during; \
+         at most {} held open, plugin fds {} before ({series} counter files), at most {} during; \
          VmRSS {} KiB before, peak (VmHWM) {} KiB; device state {}\n",
         FLOOD / MAX_CONNECTIONS,
         flood.connects,

@@ -427,7 +427,7 @@ fn demo_runs_and_cleans_up() {
     assert_eq!(code, 0, "{stdout}\n{stderr}");
     assert!(stdout.contains("Register: version=v1beta1"));
     assert!(stdout.contains("ListAndWatch: 32 devices"));
-    assert!(stdout.contains(r#"NUMA nodes {0}, PCIe roots {"pci0000:20"}"#));
+    assert!(stdout.contains(r#"NUMA nodes {0}, PCIe roots {"pci0000:4c"}"#));
     assert_eq!(stdout.matches("DeviceSpec host_path=").count(), 4);
     assert!(stdout.contains("is Unhealthy"));
     assert!(stdout.contains("is Healthy again"));

@@ -132,6 +132,41 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
     .await;
 }
 
+/// Every shape's counters reach `/metrics` under their sysfs names, including the ones only
+/// Nitro v4 and later show, and the device gauge counts its EFAs.
+#[tokio::test]
+async fn every_shape_exports_each_counter_its_efas_show() {
+    for shape in Shape::ALL {
+        let mut h = Harness::new(shape);
+        h.spawn_plugin(&[]);
+        h.wait("an open stream", |v| v.stream_open && v.snapshots > 0)
+            .await;
+        let efas: Vec<FakeDevice> = h.efas().into_iter().cloned().collect();
+        let healthy = efas.len() as f64;
+        let text = h
+            .scrape_until("every EFA healthy", |t| {
+                devices(t, "healthy") == Some(healthy)
+            })
+            .await;
+        for efa in &efas {
+            for counter in efa.counters() {
+                assert_eq!(
+                    sample(&text, &hw(counter, efa)),
+                    Some(0.0),
+                    "{shape:?} {} {counter}",
+                    efa.ibdev
+                );
+            }
+        }
+        let newer = efas.iter().any(|e| e.nitro_v4);
+        assert_eq!(
+            text.contains("efa_impaired_remote_conn_events_total{"),
+            newer,
+            "{shape:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn probes_follow_the_registration() {
     let mut h = Harness::new(Shape::P4d);

@@ -454,6 +454,46 @@ mod tests {
         cost
     }
 
+    /// The oracle: the cheapest [`cost`] of any `want` of the offered IDs that holds every
+    /// must-include one, found by trying every such subset.
+    fn best_cost(
+        inventory: &Inventory,
+        sharing: Sharing,
+        foreign_held: &BTreeSet<String>,
+        available: &[String],
+        must: &[String],
+        want: usize,
+    ) -> Option<Vec<usize>> {
+        let n = available.len();
+        if want > n {
+            return None;
+        }
+        let mut pick: Vec<usize> = (0..want).collect();
+        let mut best: Option<Vec<usize>> = None;
+        loop {
+            let chosen: Vec<String> = pick.iter().map(|&i| available[i].clone()).collect();
+            if must.iter().all(|id| chosen.contains(id)) {
+                let c = cost(inventory, sharing, foreign_held, &chosen);
+                if best.as_ref().is_none_or(|b| c < *b) {
+                    best = Some(c);
+                }
+            }
+            // The next subset in lexicographic order: bump the last index that can move.
+            let Some(i) = (0..want).rev().find(|&i| pick[i] < n - want + i) else {
+                return best;
+            };
+            pick[i] += 1;
+            for j in i + 1..want {
+                pick[j] = pick[j - 1] + 1;
+            }
+        }
+    }
+
+    /// n choose k, or something far above any test's budget once it outgrows a u64.
+    fn subsets(n: u64, k: u64) -> u64 {
+        (0..k.min(n - k)).fold(1, |acc: u64, i| acc.saturating_mul(n - i) / (i + 1))
+    }
+
     /// The PCIe root complexes the (unshared) IDs sit below.
     fn roots(inventory: &Inventory, chosen: &[String]) -> BTreeSet<String> {
         chosen
@@ -489,36 +529,37 @@ mod tests {
         assert_eq!(
             four,
             [
-                "0000:23:00.0",
-                "0000:24:00.0",
-                "0000:25:00.0",
-                "0000:26:00.0"
+                "0000:4f:00.0",
+                "0000:50:00.0",
+                "0000:51:00.0",
+                "0000:52:00.0"
             ]
         );
-        // With one EFA of the first root taken, four still come from a single root.
+        // With one EFA of the first switch taken, four still come from a single switch.
         let rest: Vec<String> = all
             .iter()
-            .filter(|id| *id != "0000:24:00.0")
+            .filter(|id| *id != "0000:50:00.0")
             .cloned()
             .collect();
         let four = ask(&inv, Sharing::default(), &rest, &[], 4);
         let roots = roots(&inv, &four);
         assert_eq!(roots.len(), 1, "{four:?}");
-        assert!(!four.contains(&"0000:24:00.0".to_owned()));
+        assert!(!four.contains(&"0000:50:00.0".to_owned()));
     }
 
     #[test]
     fn p5_must_include_pulls_the_rest_next_to_it() {
         let inv = inventory(Shape::P5);
         let all = advertised(&inv, Sharing::default());
-        let must = ids(&["0000:ab:00.0"]);
+        let must = ids(&["0000:a5:00.0"]);
         let six = ask(&inv, Sharing::default(), &all, &must, 6);
         assert_eq!(six.len(), 6);
         assert!(six.contains(&must[0]));
-        // The must-include EFA's whole root (0xa7), then two from one other root on NUMA 1.
+        // The must-include EFA's whole switch (buses 0xa4-0xa7, below root 0xa1), then two from
+        // one other switch on NUMA 1.
         let roots = roots(&inv, &six);
         assert_eq!(roots.len(), 2, "{six:?}");
-        assert!(roots.contains("pci0000:a7"), "{six:?}");
+        assert!(roots.contains("pci0000:a1"), "{six:?}");
         for id in &six {
             assert_eq!(efa(&inv, Sharing::default(), id).numa_node, Some(1));
         }
@@ -531,7 +572,10 @@ mod tests {
         for (shape, per_numa, per_root) in [
             (Shape::P5, 16, 4),
             (Shape::P5en, 8, 2),
-            (Shape::Trn2, 8, 4),
+            (Shape::P6B300, 8, 2),
+            (Shape::Trn2, 8, 2),
+            (Shape::Trn3, 8, 2),
+            (Shape::G7, 1, 1),
             (Shape::Dense256, 128, 16),
         ] {
             let inv = inventory(shape);
@@ -553,16 +597,65 @@ mod tests {
     }
 
     #[test]
-    fn trn2_and_g5_layouts() {
+    fn trainium_fills_switch_pairs_on_one_numa_node_and_g5_takes_its_one() {
+        for shape in [Shape::Trn2, Shape::Trn3] {
+            let inv = inventory(shape);
+            let all = advertised(&inv, Sharing::default());
+            // Two switches of two, not four from anywhere: NUMA first, then switches.
+            let four = ask(&inv, Sharing::default(), &all, &[], 4);
+            assert_eq!(roots(&inv, &four).len(), 2, "{shape:?}: {four:?}");
+            let numa: BTreeSet<Option<u32>> = four
+                .iter()
+                .map(|id| efa(&inv, Sharing::default(), id).numa_node)
+                .collect();
+            assert_eq!(numa.len(), 1, "{shape:?}: {four:?}");
+        }
+        // trn2's NUMA node 0 holds buses 0x56-0x6d and 0xb3-0xca (Neuron devices 0-7).
         let trn2 = inventory(Shape::Trn2);
         let all = advertised(&trn2, Sharing::default());
-        let four = ask(&trn2, Sharing::default(), &all, &[], 4);
-        let roots = roots(&trn2, &four);
-        assert_eq!(roots.len(), 1, "{four:?}");
+        assert_eq!(
+            ask(&trn2, Sharing::default(), &all, &[], 4),
+            [
+                "0000:56:00.0",
+                "0000:57:00.0",
+                "0000:6c:00.0",
+                "0000:6d:00.0"
+            ]
+        );
 
         let g5 = inventory(Shape::G5);
         let all = advertised(&g5, Sharing::default());
         assert_eq!(ask(&g5, Sharing::default(), &all, &[], 1), all);
+    }
+
+    /// Every shape against the brute-force oracle, for each request size whose subsets are few
+    /// enough to try, with and without a must-include ID.
+    #[test]
+    fn every_shape_answers_as_locally_as_the_best_choice() {
+        const MAX_SUBSETS: u64 = 5_000;
+        let none = Sharing::default();
+        let held = BTreeSet::new();
+        for shape in Shape::ALL {
+            let inv = inventory(shape);
+            let all = advertised(&inv, none);
+            let musts: Vec<Vec<String>> = match all.last() {
+                Some(last) => vec![Vec::new(), vec![last.clone()]],
+                None => vec![Vec::new()],
+            };
+            for must in &musts {
+                for k in 1..=all.len() {
+                    if subsets(all.len() as u64, k as u64) > MAX_SUBSETS {
+                        continue;
+                    }
+                    let answer = ask(&inv, none, &all, must, k as i32);
+                    assert_eq!(
+                        Some(cost(&inv, none, &held, &answer)),
+                        best_cost(&inv, none, &held, &all, must, k),
+                        "{shape:?} k={k} must={must:?}: {answer:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
@@ -653,14 +746,12 @@ mod tests {
         assert_eq!(ask(&inv, sharing, &offered, &[], 1), ["0000:10:1b.0::1"]);
     }
 
-    const SHAPES: [Shape; 5] = [Shape::P4d, Shape::P5, Shape::P5en, Shape::Trn2, Shape::G5];
-
     /// A layout, a sharing setting, and an offer drawn from its advertised IDs.
     fn offer(
         max_offered: usize,
     ) -> impl Strategy<Value = (Inventory, u32, Vec<String>, Vec<String>, i32)> {
         let ids = proptest::sample::select(vec![DeviceIdStrategy::Ibdev, DeviceIdStrategy::Pci]);
-        (proptest::sample::select(SHAPES.to_vec()), ids, 1u32..=3).prop_flat_map(
+        (proptest::sample::select(Shape::ALL.to_vec()), ids, 1u32..=3).prop_flat_map(
             move |(shape, ids, n)| {
                 let inventory = simulate::inventory_named(shape, ids);
                 let all = advertised(&inventory, shared(n));
@@ -725,24 +816,7 @@ mod tests {
                 .map(|i| ids[i.index(ids.len())].clone())
                 .collect();
             let answer = ask_avoiding(&inv, sharing, &foreign_held, &available, &must, size);
-            let want = answer.len();
-            let mut best: Option<Vec<usize>> = None;
-            for mask in 0u32..(1 << available.len()) {
-                if mask.count_ones() as usize != want {
-                    continue;
-                }
-                let pick: Vec<String> = (0..available.len())
-                    .filter(|i| mask & (1 << i) != 0)
-                    .map(|i| available[i].clone())
-                    .collect();
-                if must.iter().any(|id| !pick.contains(id)) {
-                    continue;
-                }
-                let c = cost(&inv, sharing, &foreign_held, &pick);
-                if best.as_ref().is_none_or(|b| c < *b) {
-                    best = Some(c);
-                }
-            }
+            let best = best_cost(&inv, sharing, &foreign_held, &available, &must, answer.len());
             prop_assert_eq!(Some(cost(&inv, sharing, &foreign_held, &answer)), best);
         }
     }

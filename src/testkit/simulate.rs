@@ -1,10 +1,18 @@
 //! Simulated nodes: sysfs and dev trees laid out the way the kernel lays them out, symlinks
 //! included, for the demo and the tests.
 //!
-//! Each shape follows a real instance family: p4d (4 EFAs on 4 PCIe roots, 2 NUMA nodes), p5
-//! (32 EFAs, 4 per GPU root, uverbs numbers not in name order), p5en (16, 2 per switch), p6-b200
-//! (8 EFAs plus 2 mlx5 `ibp*` decoys), trn2 (16), Bottlerocket's `efa_N` names, g5 (NUMA -1),
-//! nodes with no EFA, and a 256-device node whose later uverbs nodes have a dynamic major.
+//! Each shape follows a real instance family, with its source next to its layout in
+//! [`devices`]: p4d (4 EFAs on 4 PCIe roots, 2 NUMA nodes), p5 (32 EFAs on their real buses, 4
+//! per GPU switch), p5en (16, 2 per switch), p6-b200 (8 EFAs plus 2 mlx5 `ibp*` decoys), p6-b300
+//! (16), p6e-gb200 (17 on Grace, one PCI domain per GPU), trn2 and trn3 (16 on their published
+//! buses, 2 per switch), g7 (2 on distant buses), hpc7g (1), Bottlerocket's `efa_N` names, g5
+//! (NUMA -1), nodes with no EFA, and a 256-device node whose later uverbs nodes have a dynamic
+//! major. Where a layout detail is not public, the comment there says what is assumed.
+//!
+//! Every device carries what a current efa driver writes (amzn-drivers
+//! `kernel/linux/efa/RELEASENOTES.md`): a non-zero `node_guid` (r2.12), `device/p2p` naming the
+//! first peer-to-peer provider, `NVIDIA` on GPU instances and empty elsewhere, and on Nitro v4
+//! and later the port counters r2.17.0 added.
 
 use std::fs;
 use std::io;
@@ -23,7 +31,7 @@ const DYNAMIC_MAJOR: u32 = 511;
 pub(crate) const EFA_VENDOR: &str = "0x1d0f";
 const MLX5_VENDOR: &str = "0x15b3";
 
-/// Port counters the kernel's efa driver exposes under `ports/1/hw_counters`.
+/// Port counters every efa driver exposes under `ports/1/hw_counters` (`efa_verbs.c`).
 pub(crate) const PORT_COUNTERS: &[&str] = &[
     "tx_bytes",
     "tx_pkts",
@@ -36,9 +44,14 @@ pub(crate) const PORT_COUNTERS: &[&str] = &[
     "recv_wrs",
     "rdma_read_bytes",
     "rdma_write_bytes",
+];
+/// The port counters amzn-drivers r2.17.0 added, shown on Nitro v4 and later only.
+pub(crate) const NITRO_V4_PORT_COUNTERS: &[&str] = &[
     "retrans_bytes",
     "retrans_pkts",
     "retrans_timeout_events",
+    "unresponsive_remote_events",
+    "impaired_remote_conn_events",
 ];
 /// Device-level counters under `hw_counters`.
 pub(crate) const DEVICE_COUNTERS: &[&str] = &[
@@ -64,6 +77,12 @@ pub struct FakeDevice {
     pub driver: String,
     pub vendor: String,
     pub device: String,
+    /// `node_guid` as sysfs prints it: four groups of four hex digits.
+    pub node_guid: String,
+    /// The content of `device/p2p`; `None` for a driver that does not write it.
+    pub p2p: Option<String>,
+    /// The device sits on Nitro v4 or later, so its port shows [`NITRO_V4_PORT_COUNTERS`] too.
+    pub nitro_v4: bool,
 }
 
 impl FakeDevice {
@@ -73,6 +92,21 @@ impl FakeDevice {
 
     pub fn is_efa(&self) -> bool {
         self.driver == "efa"
+    }
+
+    /// The files under `ports/1/hw_counters`.
+    pub fn port_counters(&self) -> impl Iterator<Item = &'static str> {
+        let newer: &[&str] = if self.nitro_v4 {
+            NITRO_V4_PORT_COUNTERS
+        } else {
+            &[]
+        };
+        PORT_COUNTERS.iter().chain(newer).copied()
+    }
+
+    /// Every counter file: the port's, then the device's own.
+    pub fn counters(&self) -> impl Iterator<Item = &'static str> {
+        self.port_counters().chain(DEVICE_COUNTERS.iter().copied())
     }
 
     /// The device as a scan of its simulated tree reads it, for tests and benchmarks that need
@@ -110,7 +144,14 @@ pub enum Shape {
     P5,
     P5en,
     P6B200,
+    P6B300,
+    /// p6e-gb200.36xlarge, arm64 (Grace).
+    P6eGb200,
     Trn2,
+    Trn3,
+    G7,
+    /// hpc7g, arm64 (Graviton3E).
+    Hpc7g,
     /// A p4d as Bottlerocket names it: `efa_0` … `efa_3`.
     Bottlerocket,
     G5,
@@ -124,6 +165,62 @@ pub enum Shape {
     /// find where the device list outgrows the kubelet's message limit or the pod's memory.
     Dense(u32),
 }
+
+impl Shape {
+    /// Every shape, `Dense(n)` once with a partly filled root, for tests that must hold on each.
+    pub const ALL: [Shape; 16] = [
+        Shape::P4d,
+        Shape::P5,
+        Shape::P5en,
+        Shape::P6B200,
+        Shape::P6B300,
+        Shape::P6eGb200,
+        Shape::Trn2,
+        Shape::Trn3,
+        Shape::G7,
+        Shape::Hpc7g,
+        Shape::Bottlerocket,
+        Shape::G5,
+        Shape::NoEfa,
+        Shape::NoClassDir,
+        Shape::Dense256,
+        Shape::Dense(40),
+    ];
+
+    /// GPU instances, where NVIDIA's is the efa driver's P2P provider. Elsewhere `device/p2p` is
+    /// empty; whether Neuron registers a provider on Trainium is not public, so it stays empty
+    /// there too.
+    fn has_gpus(self) -> bool {
+        matches!(
+            self,
+            Shape::P4d
+                | Shape::P5
+                | Shape::P5en
+                | Shape::P6B200
+                | Shape::P6B300
+                | Shape::P6eGb200
+                | Shape::G7
+                | Shape::Bottlerocket
+                | Shape::G5
+        )
+    }
+
+    /// Nitro v4 or later. No public list ties families to the counters, so this is assumed from
+    /// launch dates: p4d (2020) and g5 (2021) before v4, every family here since p5 (2023) after.
+    fn nitro_v4(self) -> bool {
+        !matches!(self, Shape::P4d | Shape::Bottlerocket | Shape::G5)
+    }
+}
+
+/// The EFA of each Neuron device of a trn2.48xlarge, by bus (aws-neuron/
+/// connected-device-maps-over-efa-for-neuron `lookup/neuron/trn2.json`, all `0000:<bus>:00.0`).
+const TRN2_EFA_BUSES: [u32; 16] = [
+    0xc9, 0xb4, 0xb3, 0xca, 0x6c, 0x57, 0x56, 0x6d, 0x98, 0x83, 0x82, 0x99, 0xf5, 0xe0, 0xdf, 0xf6,
+];
+/// The same for trn3.48xlarge (`lookup/neuron/trn3.json` there).
+const TRN3_EFA_BUSES: [u32; 16] = [
+    0xbe, 0xa9, 0xa8, 0xbf, 0x61, 0x4c, 0x4b, 0x62, 0x8d, 0x78, 0x77, 0x8e, 0xea, 0xd5, 0xd4, 0xeb,
+];
 
 fn uverbs_dev(index: u32) -> DevNum {
     if index < UVERBS_STATIC_COUNT {
@@ -149,6 +246,12 @@ fn pci_name(domain: u32, bus: u32, slot: u32) -> String {
     }
 }
 
+/// A node GUID as sysfs prints it, unique to the PCI location: the driver reads a real one
+/// from the device, never zero since r2.12.
+fn node_guid(vendor_tag: u32, domain: u32, bus: u32, slot: u32) -> String {
+    format!("{vendor_tag:04x}:{domain:04x}:{bus:04x}:{slot:02x}01")
+}
+
 fn efa(
     domain: u32,
     bus: u32,
@@ -167,6 +270,9 @@ fn efa(
         driver: "efa".into(),
         vendor: EFA_VENDOR.into(),
         device: "0xefa1".into(),
+        node_guid: node_guid(0x0aef, domain, bus, slot),
+        p2p: Some(String::new()),
+        nitro_v4: true,
     }
 }
 
@@ -198,8 +304,54 @@ fn switched_root(
         .collect()
 }
 
+/// `count` EFAs at slot 0 of the buses from `first_bus` on, behind one switch: the bridges of
+/// [`switched_root`], whose layout puts the first EFA three buses below the root.
+fn switch_at(
+    domain: u32,
+    first_bus: u32,
+    count: u32,
+    numa: i32,
+    first_uverbs: u32,
+) -> Vec<FakeDevice> {
+    switched_root(domain, first_bus - 3, count, numa, first_uverbs)
+}
+
+/// A Trainium node from its table of EFA buses, one per Neuron device: 8 PCIe switches × 2
+/// EFAs (kvcache-ai/Mooncake PR #3888 for trn2). Assumed where nothing is public: the two EFAs
+/// of a switch are the adjacent buses, Neuron devices 0–7 sit on NUMA node 0 and 8–15 on 1, and
+/// uverbs numbers follow ascending bus as on p5.
+fn trainium(buses: &[u32; 16]) -> Vec<FakeDevice> {
+    let mut sorted = *buses;
+    sorted.sort_unstable();
+    sorted
+        .chunks(2)
+        .enumerate()
+        .flat_map(|(s, pair)| {
+            assert_eq!(
+                pair[1],
+                pair[0] + 1,
+                "a switch's EFAs sit on adjacent buses"
+            );
+            let neuron = buses.iter().position(|b| *b == pair[0]).unwrap_or(0);
+            let numa = if neuron < 8 { 0 } else { 1 };
+            switch_at(0, pair[0], 2, numa, 2 * s as u32)
+        })
+        .collect()
+}
+
 /// The devices of a shape, EFAs and decoys alike.
 pub fn devices(shape: Shape) -> Vec<FakeDevice> {
+    let mut all = layout(shape);
+    for device in all.iter_mut().filter(|d| d.is_efa()) {
+        device.nitro_v4 = shape.nitro_v4();
+        if shape.has_gpus() {
+            device.p2p = Some("NVIDIA".into());
+        }
+    }
+    all
+}
+
+fn layout(shape: Shape) -> Vec<FakeDevice> {
     match shape {
         Shape::P4d | Shape::Bottlerocket => {
             let mut all: Vec<FakeDevice> = [(0x10, 0), (0x20, 0), (0x90, 1), (0xa0, 1)]
@@ -223,23 +375,17 @@ pub fn devices(shape: Shape) -> Vec<FakeDevice> {
             }
             all
         }
-        Shape::P5 => {
-            // uverbs numbers follow probe order, which is not name order.
-            let order = |i: u32| (i * 7 + 3) % 32;
-            let mut all = Vec::new();
-            for (r, root_bus) in [0x20, 0x31, 0x42, 0x53, 0x96, 0xa7, 0xb8, 0xc9]
-                .into_iter()
-                .enumerate()
-            {
-                let numa = if r < 4 { 0 } else { 1 };
-                all.extend(switched_root(0, root_bus, 4, numa, 0));
-            }
-            for (i, device) in all.iter_mut().enumerate() {
-                device.uverbs = order(i as u32);
-                device.dev = uverbs_dev(device.uverbs);
-            }
-            all
-        }
+        // Eight GPU PCIe switches of 4 EFAs each, at slot 0 of buses 0x4f–0x52, 0x60–0x63, …,
+        // 0xc6–0xc9: aws-ofi-nccl `topology/p5.48xl-topo.xml` names them `rdmap79s0` …
+        // `rdmap201s0` (its bus IDs are synthetic; the names carry the real bus), and
+        // `rdmap79s0` is `0000:4f:00.0` on NUMA node 0 next to GPU0 at `0000:53:00.0` (a weak
+        // report: an excerpt without its repository; GPUs are not simulated). uverbs
+        // numbers follow ascending bus (eks-charts PR #1110/#1144 logs), which is not name
+        // order: `rdmap113s0` sorts first. Assumed: switches 0–3 on NUMA node 0, 4–7 on 1, and
+        // the bridges above each switch.
+        Shape::P5 => (0..8u32)
+            .flat_map(|s| switch_at(0, 0x4f + s * 0x11, 4, (s / 4) as i32, s * 4))
+            .collect(),
         Shape::P5en => (0..8u32)
             .flat_map(|r| switched_root(0, 0x10 + r * 0x10, 2, (r / 4) as i32, r * 2))
             .collect(),
@@ -250,9 +396,43 @@ pub fn devices(shape: Shape) -> Vec<FakeDevice> {
             );
             all
         }
-        Shape::Trn2 => (0..4u32)
-            .flat_map(|r| switched_root(0, 0x20 + r * 0x20, 4, (r / 2) as i32, r * 4))
+        // "16 EFA devices per node" (SemiAnalysisAI/InferenceX PR #2979). Assumed, as nothing
+        // more is public: 2 per GPU switch as on p5en, on p5's buses, switches 0–3 on NUMA node
+        // 0, and no mlx5 devices beside them (only p6-b200's are reported).
+        Shape::P6B300 => (0..8u32)
+            .flat_map(|s| switch_at(0, 0x4f + s * 0x11, 2, (s / 4) as i32, s * 2))
             .collect(),
+        // Grace with 4 GPUs and "up to 17 network cards" (NVIDIA/nodewright-packages PR #94).
+        // Assumed: one EFA per card (node-efa.adoc's upper bound), so 17: card 0 alone on the
+        // first Grace's root, and 4 behind each GPU's switch, every root in its own PCI domain
+        // as arm64 servers number them, GPUs 0–1 on NUMA node 0 and 2–3 on 1.
+        Shape::P6eGb200 => {
+            let card0 = efa(
+                0,
+                0x01,
+                0,
+                vec!["pci0000:00".into(), "0000:00:01.0".into()],
+                0,
+                0,
+            );
+            let mut all = vec![card0];
+            all.extend(
+                (0..4u32).flat_map(|g| switch_at(g + 1, 0x03, 4, (g / 2) as i32, 1 + g * 4)),
+            );
+            all
+        }
+        Shape::Trn2 => trainium(&TRN2_EFA_BUSES),
+        Shape::Trn3 => trainium(&TRN3_EFA_BUSES),
+        // `rdmap83s0` and `rdmap176s0`, far apart (a weak report, noted in the facts). Assumed:
+        // each behind a GPU switch of its own, one per NUMA node.
+        Shape::G7 => [(0x53, 0), (0xb0, 1)]
+            .into_iter()
+            .enumerate()
+            .flat_map(|(i, (bus, numa))| switch_at(0, bus, 1, numa, i as u32))
+            .collect(),
+        // One EFA, `rdmap0s6` (eksctl PR #6743): slot 6 of the root bus, on Graviton's one NUMA
+        // node.
+        Shape::Hpc7g => vec![efa(0, 0x00, 0x06, vec!["pci0000:00".into()], 0, 0)],
         Shape::G5 => vec![efa(0, 0x00, 0x1c, vec!["pci0000:00".into()], 0, -1)],
         Shape::NoEfa | Shape::NoClassDir => Vec::new(),
         Shape::Dense256 => dense(256),
@@ -301,6 +481,10 @@ fn mlx5(bus: u32, uverbs: u32) -> FakeDevice {
         driver: "mlx5_core".into(),
         vendor: MLX5_VENDOR.into(),
         device: "0x1021".into(),
+        node_guid: node_guid(0xb83f, 0, bus, 0),
+        // `p2p` is the efa driver's attribute; mlx5 has none.
+        p2p: None,
+        nitro_v4: false,
     }
 }
 
@@ -390,12 +574,15 @@ impl FakeNode {
         fs::create_dir_all(ibdev_dir.join("ports/1/hw_counters"))?;
         fs::create_dir_all(ibdev_dir.join("hw_counters"))?;
         write(&ibdev_dir.join("node_type"), "7: unspecified")?;
-        write(&ibdev_dir.join("node_guid"), "0000:0000:0000:0000")?;
+        write(&ibdev_dir.join("node_guid"), &device.node_guid)?;
         write(&ibdev_dir.join("ports/1/state"), "4: ACTIVE")?;
         write(&ibdev_dir.join("ports/1/phys_state"), "5: LinkUp")?;
         write(&ibdev_dir.join("ports/1/link_layer"), "Unknown")?;
         write(&ibdev_dir.join("ports/1/rate"), "100 Gb/sec (4X EDR)")?;
-        for counter in PORT_COUNTERS {
+        if let Some(p2p) = &device.p2p {
+            write(&function.join("p2p"), p2p)?;
+        }
+        for counter in device.port_counters() {
             write(&ibdev_dir.join("ports/1/hw_counters").join(counter), "0")?;
         }
         for counter in DEVICE_COUNTERS {
@@ -539,17 +726,13 @@ fn relative(target: &Path, from_dir: &Path) -> PathBuf {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
     use super::*;
 
     #[test]
     fn efa_matches_what_a_scan_of_the_tree_reads() {
-        for shape in [
-            Shape::P4d,
-            Shape::P5,
-            Shape::P6B200,
-            Shape::G5,
-            Shape::Dense256,
-        ] {
+        for shape in Shape::ALL {
             let root = tempfile::tempdir().unwrap();
             let (node, devices) = FakeNode::build(root.path(), shape, Nodes::Files).unwrap();
             let mut expected: Vec<Efa> = devices
@@ -561,6 +744,100 @@ mod tests {
             let scan = crate::discovery::scan(&node.sysfs, DeviceIdStrategy::default());
             assert!(scan.problems.is_empty(), "{shape:?}: {:?}", scan.problems);
             assert_eq!(scan.devices, expected, "{shape:?}");
+        }
+    }
+
+    /// The EFAs of a shape in uverbs order.
+    fn efas_of(shape: Shape) -> Vec<FakeDevice> {
+        let mut efas: Vec<FakeDevice> = devices(shape).into_iter().filter(|d| d.is_efa()).collect();
+        efas.sort_by_key(|d| d.uverbs);
+        efas
+    }
+
+    /// uverbs numbers by the switch (the bridges above the downstream port) they sit behind.
+    fn switches(efas: &[FakeDevice]) -> BTreeMap<String, Vec<u32>> {
+        let mut by_switch: BTreeMap<String, Vec<u32>> = BTreeMap::new();
+        for d in efas {
+            let upstream = d.parents[..d.parents.len() - 1].join("/");
+            by_switch.entry(upstream).or_default().push(d.uverbs);
+        }
+        by_switch
+    }
+
+    #[test]
+    fn p5_has_the_real_names_buses_and_uverbs_order() {
+        let efas = efas_of(Shape::P5);
+        let names: Vec<&str> = efas.iter().map(|d| d.ibdev.as_str()).collect();
+        let want: Vec<String> = [79, 96, 113, 130, 147, 164, 181, 198]
+            .into_iter()
+            .flat_map(|first| (first..first + 4).map(|bus| format!("rdmap{bus}s0")))
+            .collect();
+        assert_eq!(names, want);
+        assert_eq!(efas[0].bdf, "0000:4f:00.0");
+        assert_eq!(efas[4].bdf, "0000:60:00.0");
+        assert_eq!(efas[31].bdf, "0000:c9:00.0");
+        // uverbs in ascending bus: sorted by address is sorted by uverbs number.
+        let mut by_address = efas.clone();
+        by_address.sort_by(|a, b| a.bdf.cmp(&b.bdf));
+        assert_eq!(by_address, efas);
+        let groups = switches(&efas);
+        assert_eq!(groups.len(), 8);
+        assert!(groups.values().all(|g| g.len() == 4), "{groups:?}");
+    }
+
+    #[test]
+    fn trainium_efas_sit_at_their_published_addresses_two_per_switch() {
+        for (shape, table) in [(Shape::Trn2, TRN2_EFA_BUSES), (Shape::Trn3, TRN3_EFA_BUSES)] {
+            let efas = efas_of(shape);
+            let have: BTreeSet<&str> = efas.iter().map(|d| d.bdf.as_str()).collect();
+            let want: Vec<String> = table.iter().map(|b| format!("0000:{b:02x}:00.0")).collect();
+            assert_eq!(have, want.iter().map(String::as_str).collect(), "{shape:?}");
+            let groups = switches(&efas);
+            assert_eq!(groups.len(), 8, "{shape:?}");
+            assert!(
+                groups.values().all(|g| g.len() == 2),
+                "{shape:?}: {groups:?}"
+            );
+        }
+        // Neuron device 0's EFA on trn2 (`0000:c9:00.0`), by its rdma-core name.
+        assert!(efas_of(Shape::Trn2).iter().any(|d| d.ibdev == "rdmap201s0"));
+    }
+
+    #[test]
+    fn g7_hpc7g_and_gb200_layouts() {
+        let g7: Vec<String> = efas_of(Shape::G7).into_iter().map(|d| d.ibdev).collect();
+        assert_eq!(g7, ["rdmap83s0", "rdmap176s0"]);
+        let hpc7g: Vec<String> = efas_of(Shape::Hpc7g).into_iter().map(|d| d.ibdev).collect();
+        assert_eq!(hpc7g, ["rdmap0s6"]);
+        let gb200 = efas_of(Shape::P6eGb200);
+        assert_eq!(gb200.len(), 17);
+        let domains: BTreeSet<&str> = gb200.iter().map(|d| &d.bdf[..4]).collect();
+        assert_eq!(domains.len(), 5, "card 0 and one domain per GPU");
+        assert!(gb200.iter().any(|d| d.ibdev == "rdmaP1p3s0"));
+    }
+
+    /// Every fixture carries what a current efa driver writes, read back from the tree.
+    #[test]
+    fn every_efa_has_a_node_guid_its_p2p_provider_and_its_generations_counters() {
+        for shape in Shape::ALL {
+            let root = tempfile::tempdir().unwrap();
+            let (node, devices) = FakeNode::build(root.path(), shape, Nodes::Files).unwrap();
+            let mut guids = BTreeSet::new();
+            for d in devices.iter().filter(|d| d.is_efa()) {
+                let ibdev = node.sysfs.join("class/infiniband").join(&d.ibdev);
+                let read = |rel: &str| fs::read_to_string(ibdev.join(rel)).unwrap();
+                let guid = read("node_guid");
+                assert_ne!(guid.trim(), "0000:0000:0000:0000", "{shape:?} {}", d.ibdev);
+                assert_eq!(guid.trim().len(), 19, "{guid}");
+                assert!(guids.insert(guid), "{shape:?}: {} repeats a GUID", d.ibdev);
+                let p2p = read("device/p2p");
+                let want = if shape.has_gpus() { "NVIDIA" } else { "" };
+                assert_eq!(p2p.trim_end(), want, "{shape:?} {}", d.ibdev);
+                for counter in NITRO_V4_PORT_COUNTERS {
+                    let path = ibdev.join("ports/1/hw_counters").join(counter);
+                    assert_eq!(path.exists(), shape.nitro_v4(), "{shape:?} {counter}");
+                }
+            }
         }
     }
 }

@@ -2,7 +2,11 @@
 # A p4d-shaped host with four EFAs, laid out as the kernel lays out sysfs
 # (real directories under devices/, symlinks from class/ and for driver and
 # device links), so the plugin is exercised on the same path walks it does
-# on a real instance.
+# on a real instance. Each EFA carries what a current efa driver writes
+# (amzn-drivers kernel/linux/efa/RELEASENOTES.md), as testkit's simulated
+# nodes do: a non-zero node_guid (r2.12), device/p2p naming the first P2P
+# provider (NVIDIA: every host here is a GPU shape), and on Nitro v4 and later
+# the port counters r2.17.0 added.
 
 # The extended resource the plugin advertises them as.
 # shellcheck disable=SC2034 # read by the suites
@@ -12,6 +16,11 @@ EFA_BUSES=(10 20 90 a0)
 EFA_NUMA=(0 0 1 1)
 UVERBS_MAJOR=231
 UVERBS_MINOR_BASE=192
+# Port counters of every efa driver, a few of them: the metrics read them.
+EFA_PORT_COUNTERS=(tx_bytes rx_bytes tx_pkts rx_pkts)
+# The port counters only Nitro v4 and later show (r2.17.0).
+EFA_NITRO_V4_PORT_COUNTERS=(retrans_bytes retrans_pkts retrans_timeout_events
+	unresponsive_remote_events impaired_remote_conn_events)
 
 # PCI address of the EFA with uverbs index $1: its device ID under
 # device-id-strategy pci.
@@ -45,12 +54,17 @@ make_uverbs_node() {
 	mknod -m 0666 "$dev" c "$UVERBS_MAJOR" $((UVERBS_MINOR_BASE + $2))
 }
 
-# add_fake_efa SYSFS_ROOT DEV_ROOT PARENTS BDF IBDEV UVERBS NUMA DEVICE: one
-# EFA at devices/PARENTS/BDF (PARENTS: the slash-separated PCI path above it),
-# with PCI device ID DEVICE, and its uverbs node.
+# add_fake_efa SYSFS_ROOT DEV_ROOT PARENTS BDF IBDEV UVERBS NUMA DEVICE NITRO_V4:
+# one EFA at devices/PARENTS/BDF (PARENTS: the slash-separated PCI path above
+# it), with PCI device ID DEVICE, and its uverbs node; NITRO_V4 is 1 on Nitro v4
+# and later (p4d and g5 are older).
 add_fake_efa() {
-	local sys=$1 dev=$2 parents=$3 bdf=$4 ibdev=$5 i=$6 numa=$7 device=$8 counter
-	local fn=$sys/devices/$parents/$bdf uverbs=uverbs$6
+	local sys=$1 dev=$2 parents=$3 bdf=$4 ibdev=$5 i=$6 numa=$7 device=$8 nitro_v4=$9 counter
+	local fn=$sys/devices/$parents/$bdf uverbs=uverbs$6 counters=("${EFA_PORT_COUNTERS[@]}")
+	((nitro_v4)) && counters+=("${EFA_NITRO_V4_PORT_COUNTERS[@]}")
+	# BDF is DOMAIN:BUS:SLOT.FN; the GUID is testkit's: unique to the location.
+	local domain=${bdf%%:*} bus=${bdf#*:} slot
+	slot=${bus#*:} bus=${bus%%:*} slot=${slot%%.*}
 	mkdir -p "$sys/bus/pci/drivers/efa" "$sys/class/infiniband" "$sys/class/infiniband_verbs" "$dev/infiniband"
 	mkdir -p "$fn/infiniband/$ibdev/ports/1" "$fn/infiniband_verbs/$uverbs"
 	ln -sr "$sys/bus/pci/drivers/efa" "$fn/driver"
@@ -58,10 +72,11 @@ add_fake_efa() {
 	echo "$numa" >"$fn/numa_node"
 	echo 0x1d0f >"$fn/vendor"
 	echo "$device" >"$fn/device"
+	echo NVIDIA >"$fn/p2p"
 	echo "4: ACTIVE" >"$fn/infiniband/$ibdev/ports/1/state"
-	# A few of the counters the efa driver exposes, for the metrics.
+	printf '0aef:%04x:%04x:%02x01\n' "$((16#$domain))" "$((16#$bus))" "$((16#$slot))" >"$fn/infiniband/$ibdev/node_guid"
 	mkdir -p "$fn/infiniband/$ibdev/ports/1/hw_counters"
-	for counter in tx_bytes rx_bytes tx_pkts rx_pkts; do
+	for counter in "${counters[@]}"; do
 		echo $((1000 * (i + 1))) >"$fn/infiniband/$ibdev/ports/1/hw_counters/$counter"
 	done
 	ln -s "../../../$bdf" "$fn/infiniband/$ibdev/device"
@@ -83,7 +98,7 @@ make_fake_efa_host() {
 	for i in "${!EFA_BUSES[@]}"; do
 		bus=${EFA_BUSES[$i]}
 		add_fake_efa "$sys" "$dev" "pci0000:$bus/0000:$bus:01.0" "0000:$bus:1b.0" "$(efa_ibdev "$i")" \
-			"$i" "${numa[$i]}" 0xefa1 || return 1
+			"$i" "${numa[$i]}" 0xefa1 0 || return 1
 	done
 }
 
@@ -105,7 +120,7 @@ make_fake_p5en_host() {
 			FAKE_SWITCH[$ibdev]=$upstream
 			add_fake_efa "$sys" "$dev" \
 				"$(printf 'pci0000:%02x/0000:%02x:01.0/%s/0000:%02x:%02x.0' "$root" "$root" "$upstream" $((root + 2)) "$k")" \
-				"$(printf '0000:%02x:00.0' "$bus")" "$ibdev" $((r * 2 + k)) $((r / 4)) 0xefa2 || return 1
+				"$(printf '0000:%02x:00.0' "$bus")" "$ibdev" $((r * 2 + k)) $((r / 4)) 0xefa2 1 || return 1
 		done
 	done
 }
