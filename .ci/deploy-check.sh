@@ -38,7 +38,8 @@ kustomize="$cache/bin/kustomize-${kustomize_module##*@}/kustomize"
 actionlint="$cache/bin/actionlint-${actionlint_module##*@}/actionlint"
 
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+# buildah's store and the fake tree's device nodes are root's when the tier runs through sudo.
+trap 'rm -rf "$work" 2>/dev/null || as_root rm -rf "$work"' EXIT
 # Helm keeps its state under the work dir rather than in the user's home.
 export HELM_CACHE_HOME="$work/helm/cache" HELM_CONFIG_HOME="$work/helm/config" HELM_DATA_HOME="$work/helm/data"
 
@@ -216,7 +217,8 @@ release_dry_run() {
 release_image_index() {
   local revision
   revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
-  mkdir -p "$work/image" &&
+  apt_install buildah:buildah &&
+    mkdir -p "$work/image" &&
     plugin_image_index "$repo" "$work/image/store" localhost/efa-device-plugin:dry-run "$work/image" "$revision" \
       "amd64=$bin_amd64" "arm64=$bin_arm64" &&
     python3 tests/e2e/lib/dockerfile.py check-image Dockerfile "$work/image/index.tar" localhost/efa-device-plugin:dry-run \
