@@ -26,6 +26,7 @@ source "$HERE/cluster/prometheus.sh"
 source "$HERE/cluster/migration.sh"
 source "$HERE/cluster/cdi-restart.sh"
 source "$HERE/cluster/dra.sh"
+source "$HERE/cluster/arm64.sh"
 NODE=efa-e2e
 NS=kube-system
 DS=efa-device-plugin
@@ -52,6 +53,7 @@ SUITE=cluster
 T=
 BIN=
 PLUGIN=
+ARM64_PLUGIN=
 KUBECONFIG=
 declare -A PIDS=()
 # Daemons in start order; cleanup stops them in reverse.
@@ -207,7 +209,7 @@ start_containerd() {
 	start_daemon containerd env PATH="$CONTAINERD_BIN:$PATH" "$CONTAINERD_BIN/containerd" --config "$c/config.toml"
 	wait_until 30 ctr_k8s version >/dev/null 2>&1 || return 1
 	import_test_images /bin/busybox &&
-		ctr_k8s images import "$T/images/plugin.tar" >&2
+		ctr_k8s images import --all-platforms "$T/images/index.tar" >&2
 }
 
 ctr_k8s() { "$CONTAINERD_BIN/ctr" --address "$T/containerd/containerd.sock" --namespace k8s.io "$@"; }
@@ -254,19 +256,16 @@ node_ready() {
 	[[ $(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
 }
 
-# build_image: the Dockerfile's final stage, run by buildah on the static
-# binary the build stage would make. The named context "build" stands in for
-# the build stage, so nothing is pulled.
+# build_image: the multi-arch image, the Dockerfile's final stage run by
+# buildah for amd64 and arm64 on the static binaries the build stage would make
+# (lib/build.sh), checked against the Dockerfile.
 build_image() {
-	local ctx=$T/image-context arch
-	arch=$(dpkg --print-architecture)
-	mkdir -p "$ctx"
-	cp "$PLUGIN" "$ctx/efa-device-plugin"
-	(cd "$REPO" && oci_archive "$T/buildah" "$IMAGE" "$T/images/plugin.tar" \
-		--build-context "build=$ctx" --build-arg "TARGETARCH=$arch" \
-		--build-arg "BUILDARCH=$arch" --build-arg "REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)" \
-		-f Dockerfile .) >"$T/logs/buildah.log" 2>&1
-}
+	local revision
+	revision=$(git -C "$REPO" rev-parse HEAD 2>/dev/null || echo unknown)
+	plugin_image_index "$REPO" "$T/buildah" "$IMAGE" "$T/images" "$revision" "amd64=$PLUGIN" "arm64=$ARM64_PLUGIN" &&
+		python3 "$HERE/lib/dockerfile.py" check-image "$REPO/Dockerfile" "$T/images/index.tar" "$IMAGE" \
+			"amd64=$PLUGIN" "arm64=$ARM64_PLUGIN" --build-arg "REVISION=$revision"
+} >"$T/logs/buildah.log" 2>&1
 
 setup() {
 	local port
@@ -288,6 +287,8 @@ setup() {
 	mapfile -t OPERATOR_CRDS < <(prometheus_operator_crds "$CACHE") && [[ -f ${OPERATOR_CRDS[0]} && -f ${OPERATOR_CRDS[1]} ]] ||
 		fail_setup "cannot fetch the PodMonitor and PrometheusRule CRDs of prometheus-operator $PROMETHEUS_OPERATOR_VERSION"
 	PLUGIN=$(static_plugin_binary "$REPO") || fail_setup "static release build of the plugin failed"
+	arm64_toolchain || fail_setup "the arm64 toolchain could not be installed"
+	ARM64_PLUGIN=$(static_plugin_binary "$REPO" "$ARM64_TRIPLE") || fail_setup "static release build of the arm64 plugin failed"
 	prometheus_build
 
 	T=$(mktemp -d /tmp/efa-dp-cluster.XXXXXX)
@@ -299,7 +300,7 @@ setup() {
 	move_aside /dev/infiniband
 	make_dev_shared || fail_setup "cannot make /dev a shared mount"
 
-	note "building the image with buildah"
+	note "building the amd64 and arm64 images with buildah"
 	build_image || fail_setup "image build failed: $(tail -3 "$T/logs/buildah.log" | paste -sd'|')"
 	make_fixtures || fail_setup "cannot build the fake EFA host"
 	make_pki || fail_setup "cannot make certificates"
@@ -308,6 +309,7 @@ setup() {
 	start_etcd || fail_setup "etcd not healthy within 30s: $(tail -3 "$T/logs/etcd.log" | paste -sd'|')"
 	start_control_plane || fail_setup "control plane not ready: $(tail -3 "$T/logs/kube-apiserver.log" | paste -sd'|')"
 	start_containerd || fail_setup "containerd did not start or import images: $(tail -3 "$T/logs/containerd.log" | paste -sd'|')"
+	arm64_setup || fail_setup "cannot register qemu-aarch64 in binfmt_misc or import the arm64 image"
 	start_kubelet || fail_setup "node $NODE not Ready within 120s: $(tail -3 "$T/logs/kubelet.log" | paste -sd'|')"
 }
 
@@ -477,15 +479,17 @@ plugin_events() {
 
 # ---------------------------------------------------------------- cases
 
+# case_kustomize_install [OVERLAY]: the p4d install, or another overlay of it under cluster/kustomize.
 case_kustomize_install() {
-	k kustomize "$HERE/cluster/kustomize/p4d" >"$T/p4d.yaml" || { REASON="kustomize build failed"; return 1; }
+	local overlay=${1:-p4d}
+	k kustomize "$HERE/cluster/kustomize/$overlay" >"$T/$overlay.yaml" || { REASON="kustomize build failed"; return 1; }
 	k kustomize "$REPO/manifests" >"$T/shipped.yaml" || { REASON="kustomize build of manifests failed"; return 1; }
 	# The overlay may add only the fake tree: anything else would mean the
 	# suite tests a pod spec users do not get.
-	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/shipped.yaml" "$T/p4d.yaml" 2>&1); then
+	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/shipped.yaml" "$T/$overlay.yaml" 2>&1); then
 		return 1
 	fi
-	k apply -k "$HERE/cluster/kustomize/p4d" >/dev/null || { REASON="kubectl apply -k rejected the overlay"; return 1; }
+	k apply -k "$HERE/cluster/kustomize/$overlay" >/dev/null || { REASON="kubectl apply -k rejected the overlay"; return 1; }
 	plugin_installed_ok "$T/shipped.yaml"
 }
 
@@ -796,6 +800,8 @@ cleanup() {
 		fi
 	done
 	ip link del "$BRIDGE" 2>/dev/null
+	# Before restore_host_state, which unmounts what the run mounted.
+	arm64_cleanup
 	restore_host_state "${HOST_PATHS[@]}"
 	[[ -z $DEV_PROPAGATION || $DEV_PROPAGATION == shared* ]] || mount "--make-$DEV_PROPAGATION" /dev
 }
@@ -827,6 +833,7 @@ main() {
 	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
 	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
 	dra_cases
+	arm64_cases
 }
 
 main "$@"

@@ -152,13 +152,63 @@ prometheus_binaries() {
 		github.com/prometheus/prometheus/cmd/promtool
 }
 
-# static_plugin_binary REPO: builds the plugin exactly as the image's build
-# stage does (static, release, locked) and prints its path. The deployment
-# checks build the same target, so a run after them reuses their build.
+# as_root CMD...: CMD as root, through sudo when not root (as on a CI runner);
+# sudo -n, so a missing password fails instead of waiting.
+as_root() {
+	if ((EUID == 0)); then
+		"$@"
+	else
+		sudo -n "$@"
+	fi
+}
+
+# apt_install CMD:PACKAGE...: installs the packages whose command is missing;
+# a bare PACKAGE is checked by its dpkg status instead.
+apt_install() {
+	local want missing=()
+	for want in "$@"; do
+		if [[ $want == *:* ]]; then
+			command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
+		elif [[ $(dpkg-query -W -f='${Status}' "$want" 2>/dev/null) != "install ok installed" ]]; then
+			missing+=("$want")
+		fi
+	done
+	((${#missing[@]} == 0)) && return 0
+	echo "# installing ${missing[*]}" >&2
+	as_root apt-get update -qq >&2 &&
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+}
+
+ARM64_TRIPLE=aarch64-unknown-linux-gnu
+# What building and running the arm64 binary on another host takes: the cross
+# linker and libc the Dockerfile's build stage installs, and the emulator
+# (Debian's, which also ships its binfmt_misc entry in /usr/lib/binfmt.d).
+ARM64_CROSS_PACKAGES=(aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-aarch64-static:qemu-user-static)
+
+# arm64_toolchain: the rustup target and the cross packages, on the amd64
+# hosts CI and the suites run on. Fails with one line saying what could not be
+# installed.
+arm64_toolchain() {
+	local log
+	if ! rustup target list --installed 2>/dev/null | grep -qx "$ARM64_TRIPLE"; then
+		log=$(rustup target add "$ARM64_TRIPLE" 2>&1) ||
+			{ echo "rustup target add $ARM64_TRIPLE failed: $(tail -n 1 <<<"$log")" >&2; return 1; }
+	fi
+	log=$(apt_install "${ARM64_CROSS_PACKAGES[@]}" 2>&1) ||
+		{ echo "cannot install ${ARM64_CROSS_PACKAGES[*]#*:}: $(tail -n 1 <<<"$log")" >&2; return 1; }
+}
+
+# static_plugin_binary REPO [TRIPLE]: builds the plugin for TRIPLE (default:
+# the host's) exactly as the image's build stage does, with the stage's own ENV
+# (linkers, crt-static) read from the Dockerfile, release and locked, and
+# prints its path. The deployment checks build the same targets, so a run
+# after them reuses their build.
 static_plugin_binary() {
-	local triple
-	triple=$(rustc -vV | sed -n 's/^host: //p')
-	(cd "$1" && RUSTFLAGS='-C target-feature=+crt-static' cargo build --release --locked --no-default-features --target "$triple" >&2) ||
+	local triple=${2:-} env
+	[[ -n $triple ]] || triple=$(rustc -vV | sed -n 's/^host: //p')
+	env=$(python3 "$(dirname "${BASH_SOURCE[0]}")/dockerfile.py" build-env "$1/Dockerfile") || return 1
+	mapfile -t env <<<"$env"
+	(cd "$1" && env "${env[@]}" cargo build --release --locked --no-default-features --target "$triple" >&2) ||
 		return 1
 	printf '%s\n' "${CARGO_TARGET_DIR:-$1/target}/$triple/release/efa-device-plugin"
 }
@@ -169,9 +219,35 @@ static_plugin_binary() {
 oci_archive() {
 	local store=$1 tag=$2 archive=$3
 	shift 3
-	local -a buildah=(buildah --root "$store/root" --runroot "$store/runroot" --storage-driver vfs)
-	"${buildah[@]}" bud --isolation chroot -t "$tag" "$@" &&
-		"${buildah[@]}" push "$tag" "oci-archive:$archive:$tag"
+	buildah_in "$store" bud --isolation chroot -t "$tag" "$@" &&
+		buildah_in "$store" push "$tag" "oci-archive:$archive:$tag"
+}
+
+buildah_in() {
+	local store=$1
+	shift
+	as_root buildah --root "$store/root" --runroot "$store/runroot" --storage-driver vfs "$@"
+}
+
+# plugin_image_index REPO STORE NAME DIR REVISION ARCH=BINARY...: the image
+# for each ARCH from the unchanged Dockerfile (--platform linux/ARCH), its
+# static BINARY through the build context "build", which stands in for the
+# build stage so nothing is pulled; then one OCI index NAME of them all,
+# written to DIR/index.tar (every platform), and each image alone to
+# DIR/ARCH.tar as NAME-ARCH. Both are oci-archives `ctr images import` takes.
+plugin_image_index() {
+	local repo=$1 store=$2 name=$3 dir=$4 revision=$5 arg arch ctx
+	shift 5
+	buildah_in "$store" manifest create "$name" >/dev/null || return 1
+	for arg in "$@"; do
+		arch=${arg%%=*} ctx=$dir/context-$arch
+		mkdir -p "$ctx" && cp "${arg#*=}" "$ctx/efa-device-plugin" || return 1
+		(cd "$repo" && oci_archive "$store" "$name-$arch" "$dir/$arch.tar" --platform "linux/$arch" \
+			--build-context "build=$ctx" --build-arg "TARGETARCH=$arch" --build-arg "BUILDARCH=$(dpkg --print-architecture)" \
+			--build-arg "REVISION=$revision" -f Dockerfile .) &&
+			buildah_in "$store" manifest add "$name" "$name-$arch" >/dev/null || return 1
+	done
+	buildah_in "$store" manifest push --all "$name" "oci-archive:$dir/index.tar:$name"
 }
 
 # kubelet_cgroup_settings: what the kubelet config needs on this host. From

@@ -117,23 +117,6 @@ take_lock() {
 	LOCK_HELD=1
 }
 
-# apt_install CMD:PACKAGE...: installs the packages whose command is missing;
-# a bare PACKAGE is checked by its dpkg status instead.
-apt_install() {
-	local want missing=()
-	for want in "$@"; do
-		if [[ $want == *:* ]]; then
-			command -v "${want%%:*}" >/dev/null || missing+=("${want#*:}")
-		elif [[ $(dpkg-query -W -f='${Status}' "$want" 2>/dev/null) != "install ok installed" ]]; then
-			missing+=("$want")
-		fi
-	done
-	((${#missing[@]} == 0)) && return 0
-	note "installing ${missing[*]}"
-	apt-get update -qq >&2 &&
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
-}
-
 # remember_host_state PATH...: records which of PATH... exist and what they
 # hold, the kubelet's tunables, cgroups, mounts and firewall rules.
 # import_test_images BUSYBOX: a busybox image and a pause image, both made from
