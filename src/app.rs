@@ -253,6 +253,7 @@ impl Plugin {
         let mut guard = Guard::new(
             settings.plugins_registry_dir.clone(),
             settings.dra_drivers.clone(),
+            settings.resource_name.clone(),
             settings.rescan_interval,
             self.state.clone(),
         );

@@ -24,6 +24,8 @@ const REMIND_EVERY: Duration = Duration::from_secs(60);
 pub(crate) struct Guard {
     pub dir: PathBuf,
     pub drivers: Vec<String>,
+    /// The extended resource a DeviceClass would have to map for DRA to take the node over.
+    pub resource_name: String,
     /// How often to look again when inotify cannot watch the dir (it may not exist yet).
     pub interval: Duration,
     pub state: DeviceState,
@@ -51,6 +53,22 @@ pub(crate) fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, Pat
     found.into_iter().next()
 }
 
+/// Why every EFA is withheld while `driver` is registered at `socket`, and what decides whether
+/// DRA serves `resource_name` on the node instead: from Kubernetes 1.35 the scheduler hands a
+/// resource at allocatable 0 to DRA, but only through a DeviceClass that maps it, which the
+/// plugin has no credentials to read.
+pub(crate) fn describe(driver: &str, socket: &Path, resource_name: &str) -> String {
+    format!(
+        "DRA driver {driver} is registered on this node ({}) and allocates the same EFAs; the \
+         device plugin withholds them (allocatable 0) until it goes, or run with \
+         --allow-dra-coexistence. Pods asking for {resource_name} get EFAs here through DRA only \
+         on Kubernetes 1.35+ with a DeviceClass whose spec.extendedResourceName is \
+         {resource_name} (check kubectl get deviceclasses); pods already holding EFAs through \
+         this plugin are invisible to {driver}",
+        socket.display()
+    )
+}
+
 /// Whether a socket called `name` registers `driver`, by the kubelet's naming rule for
 /// `plugins_registry`: `<driver>[-<suffix>].sock`. The DRA helper library names its socket
 /// `<driver>-reg.sock`, or `<driver>-<pod uid>-reg.sock` with rolling updates. A bare prefix
@@ -65,12 +83,14 @@ impl Guard {
     pub(crate) fn new(
         dir: PathBuf,
         drivers: Vec<String>,
+        resource_name: String,
         interval: Duration,
         state: DeviceState,
     ) -> Self {
         Guard {
             dir,
             drivers,
+            resource_name,
             interval,
             state,
             last_logged: None,
@@ -91,13 +111,8 @@ impl Guard {
                 return;
             }
         };
-        let conflict = found.map(|(driver, socket)| {
-            format!(
-                "DRA driver {driver} is registered on this node ({}) and allocates the same EFAs; \
-                 the device plugin withholds them until it goes (or run with --allow-dra-coexistence)",
-                socket.display()
-            )
-        });
+        let conflict =
+            found.map(|(driver, socket)| describe(&driver, &socket, &self.resource_name));
         let now = Instant::now();
         let changed = self.state.set_conflict(conflict.clone());
         match conflict {
@@ -155,6 +170,7 @@ mod tests {
         let mut guard = Guard::new(
             PathBuf::from("/nonexistent"),
             vec!["dra.net".into()],
+            "vpc.amazonaws.com/efa".into(),
             Duration::from_secs(1),
             DeviceState::default(),
         );

@@ -6,8 +6,9 @@ use serde::Serialize;
 
 use crate::cdi::{Kind, device_name};
 use crate::config::{OutputFormat, Settings};
+use crate::conflict;
 use crate::health;
-use crate::state::Health;
+use crate::state::{Health, Verdict};
 
 #[derive(Serialize)]
 struct Row<'a> {
@@ -61,7 +62,18 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
     if observed.netns_exclusive {
         eprintln!("error: {}", health::NETNS_EXCLUSIVE);
     }
-    let records = observed.records;
+    let mut records = observed.records;
+    // As the running plugin judges them: withheld while an EFA DRA driver is registered.
+    if !settings.allow_dra_coexistence
+        && let Some((driver, socket)) =
+            conflict::find_driver(&settings.plugins_registry_dir, &settings.dra_drivers)
+    {
+        let reason = conflict::describe(&driver, &socket, &settings.resource_name);
+        eprintln!("warning: {reason}");
+        for record in &mut records {
+            record.verdict = Verdict::unhealthy(reason.clone());
+        }
+    }
     let kind = Kind::of(&settings.resource_name).ok();
     match format {
         OutputFormat::Json => {

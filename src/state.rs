@@ -255,6 +255,39 @@ impl Holdings {
     pub fn foreign_ids(&self) -> usize {
         self.foreign.iter().map(|f| f.ids.len()).sum()
     }
+
+    /// The EFAs pods hold through this plugin while `inventory` is withheld for a DRA driver:
+    /// the driver cannot see them, so it may hand them to a second pod. None without a conflict.
+    pub fn unseen_by_dra(&self, inventory: &Inventory) -> usize {
+        match inventory.conflict() {
+            Some(_) => self.holders.len(),
+            None => 0,
+        }
+    }
+
+    /// Each pod holding EFAs through this plugin during a DRA conflict, with the device ids it
+    /// holds; empty without a conflict.
+    pub fn pods_unseen_by_dra(
+        &self,
+        inventory: &Inventory,
+    ) -> BTreeMap<(String, String), Vec<String>> {
+        let mut pods: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
+        if inventory.conflict().is_none() {
+            return pods;
+        }
+        for (device, holders) in &self.holders {
+            for holder in holders {
+                let ids = pods
+                    .entry((holder.namespace.clone(), holder.pod.clone()))
+                    .or_default();
+                // A pod's containers may share a device.
+                if !ids.contains(device) {
+                    ids.push(device.clone());
+                }
+            }
+        }
+        pods
+    }
 }
 
 /// What the rest of the process may know about the registration: written by the lifecycle
@@ -507,6 +540,55 @@ mod tests {
             state.current().get("c").unwrap().verdict,
             Verdict::unhealthy(VANISHED)
         );
+    }
+
+    fn held(pairs: &[(&str, &str, &str)]) -> Holdings {
+        let mut holders = Holders::new();
+        for (device, pod, container) in pairs {
+            holders.entry((*device).into()).or_default().push(Holder {
+                namespace: "ml".into(),
+                pod: (*pod).into(),
+                container: (*container).into(),
+            });
+        }
+        Holdings {
+            known: true,
+            holders,
+            ..Holdings::default()
+        }
+    }
+
+    #[test]
+    fn held_efas_count_as_unseen_by_dra_only_during_a_conflict() {
+        let state = DeviceState::default();
+        state.apply(vec![
+            record("a", Verdict::healthy()),
+            record("b", Verdict::healthy()),
+            record("c", Verdict::healthy()),
+        ]);
+        // Two containers of one pod share a; another pod holds b.
+        let holdings = held(&[
+            ("a", "p1", "main"),
+            ("a", "p1", "side"),
+            ("b", "p2", "main"),
+        ]);
+        assert_eq!(holdings.unseen_by_dra(&state.current()), 0);
+        assert!(holdings.pods_unseen_by_dra(&state.current()).is_empty());
+
+        state.set_conflict(Some("dra.net".into()));
+        assert_eq!(holdings.unseen_by_dra(&state.current()), 2);
+        let pods = holdings.pods_unseen_by_dra(&state.current());
+        assert_eq!(
+            pods.into_iter().collect::<Vec<_>>(),
+            [
+                (("ml".into(), "p1".into()), vec!["a".to_owned()]),
+                (("ml".into(), "p2".into()), vec!["b".to_owned()]),
+            ]
+        );
+        assert_eq!(Holdings::default().unseen_by_dra(&state.current()), 0);
+
+        state.set_conflict(None);
+        assert_eq!(holdings.unseen_by_dra(&state.current()), 0);
     }
 
     #[test]

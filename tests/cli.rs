@@ -511,3 +511,52 @@ fn list_shows_both_names_whichever_the_strategy() {
         serde_json::json!(["vpc.amazonaws.com/efa=0000:10:1b.0"])
     );
 }
+
+#[test]
+fn list_names_a_registered_dra_driver_and_what_to_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = FakeNode::build(dir.path(), Shape::P4d, node_kind()).unwrap();
+    let registry = dir.path().join("plugins_registry");
+    std::fs::create_dir(&registry).unwrap();
+    let sysfs = node.sysfs.display().to_string();
+    let dev = node.dev.display().to_string();
+    let registry_arg = registry.display().to_string();
+    let list = |extra: &[&str]| {
+        let mut args = vec![
+            "--sysfs-root",
+            &sysfs,
+            "--dev-root",
+            &dev,
+            "--plugins-registry-dir",
+            &registry_arg,
+        ];
+        args.extend(extra);
+        args.push("list");
+        run_binary(&args, &[])
+    };
+    let (code, stdout, stderr) = list(&[]);
+    assert_eq!(code, 0);
+    assert!(!stderr.contains("DRA"), "{stderr}");
+    assert_eq!(stdout.matches("Healthy").count(), 4, "{stdout}");
+
+    let _dranet =
+        std::os::unix::net::UnixListener::bind(registry.join("dra.net-reg.sock")).unwrap();
+    let (code, stdout, stderr) = list(&[]);
+    assert_eq!(code, 0);
+    assert!(
+        stderr.starts_with("warning: DRA driver dra.net is registered")
+            && stderr
+                .contains("DeviceClass whose spec.extendedResourceName is vpc.amazonaws.com/efa")
+            && stderr.contains("kubectl get deviceclasses"),
+        "{stderr}"
+    );
+    assert_eq!(
+        stdout.matches("Unhealthy").count(),
+        4,
+        "withheld, as advertised: {stdout}"
+    );
+
+    let (_, stdout, stderr) = list(&["--allow-dra-coexistence"]);
+    assert!(!stderr.contains("DRA"), "{stderr}");
+    assert_eq!(stdout.matches("Unhealthy").count(), 0, "{stdout}");
+}

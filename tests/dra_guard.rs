@@ -7,6 +7,7 @@ use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 
 use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
+use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::Shape;
 use support::{Harness, sample};
 use tonic::Code;
@@ -87,6 +88,87 @@ async fn a_registered_dra_driver_withholds_every_device_until_it_goes() {
             .unwrap()
             .contains("dra.net-reg.sock")
     );
+}
+
+fn held_devices(text: &str) -> Option<f64> {
+    sample(text, "efa_device_plugin_dra_conflict_held_devices")
+}
+
+/// The unsafe handoff: a DRA driver registers while pods still hold EFAs through the plugin.
+#[tokio::test]
+async fn pods_holding_efas_when_a_driver_registers_are_warned_of_once_and_counted() {
+    let mut h = Harness::new(Shape::P4d);
+    let efas: Vec<String> = h.efas().iter().map(|d| d.ibdev.clone()).collect();
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let _kubelet = PodResourcesStub::start(
+        &socket,
+        vec![
+            pod("ml", "p1", "main", "vpc.amazonaws.com/efa", &[&efas[0]]),
+            pod("ml", "p1", "side", "vpc.amazonaws.com/efa", &[&efas[1]]),
+            pod("ml", "p3", "main", "vpc.amazonaws.com/efa", &[&efas[2]]),
+            pod("ml", "gpu", "main", "nvidia.com/gpu", &[&efas[3]]),
+        ],
+    )
+    .unwrap();
+    h.spawn_plugin(&["--log-format", "json"]);
+    h.registered().await;
+    let text = h
+        .scrape_until("the gauge", |t| held_devices(t).is_some())
+        .await;
+    assert_eq!(held_devices(&text), Some(0.0), "no driver, nothing unseen");
+
+    let (dranet, registration) = register_dranet(&h);
+    let text = h
+        .scrape_until("3 EFAs held through the plugin", |t| {
+            held_devices(t) == Some(3.0)
+        })
+        .await;
+    assert_eq!(conflict(&text), Some(1.0));
+    // Several polls of an unchanged view add no warning.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let warnings = |log: &str| -> Vec<serde_json::Value> {
+        log.lines()
+            .filter(|l| l.contains("while an EFA DRA driver is registered"))
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let log = h.plugin_log();
+    let warned = warnings(&log);
+    let pods: Vec<(&str, &str)> = warned
+        .iter()
+        .map(|w| (w["pod"].as_str().unwrap(), w["ids"].as_str().unwrap()))
+        .collect();
+    let p1_ids = format!("{},{}", efas[0], efas[1]);
+    assert_eq!(
+        pods,
+        [("p1", p1_ids.as_str()), ("p3", efas[2].as_str())],
+        "{log}"
+    );
+    assert!(warned.iter().all(|w| w["level"] == "WARN"));
+    // The guard's own line names the driver and what decides whether DRA takes over.
+    let line = log.lines().find(|l| l.contains("withheld")).unwrap();
+    let line: serde_json::Value = serde_json::from_str(line).unwrap();
+    let reason = line["conflict"].as_str().unwrap();
+    assert!(
+        reason.contains("DRA driver dra.net")
+            && reason.contains("spec.extendedResourceName is vpc.amazonaws.com/efa")
+            && reason.contains("kubectl get deviceclasses"),
+        "{reason}"
+    );
+
+    drop(dranet);
+    std::fs::remove_file(&registration).unwrap();
+    h.scrape_until("nothing unseen without the driver", |t| {
+        held_devices(t) == Some(0.0) && conflict(t) == Some(0.0)
+    })
+    .await;
+    // Long enough for the view to see the end, so a second conflict warns of the pods again.
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let _again = register_dranet(&h);
+    h.scrape_until("the second conflict", |t| held_devices(t) == Some(3.0))
+        .await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(warnings(&h.plugin_log()).len(), 4, "{}", h.plugin_log());
 }
 
 #[tokio::test]

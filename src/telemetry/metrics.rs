@@ -414,7 +414,10 @@ impl Collector for PluginCollector {
                 MetricType::Gauge,
             )?,
         )?;
-        let foreign = self.holdings.borrow().foreign_ids();
+        let (foreign, unseen_by_dra) = {
+            let holdings = self.holdings.borrow();
+            (holdings.foreign_ids(), holdings.unseen_by_dra(&inventory))
+        };
         let gauges = [
             (
                 "efa_device_plugin_competing_plugin",
@@ -428,6 +431,13 @@ impl Collector for PluginCollector {
                  (from another plugin, ID strategy or sharing count); the kubelet counts their \
                  EFAs as free",
                 i64::try_from(foreign).unwrap_or(i64::MAX),
+            ),
+            (
+                "efa_device_plugin_dra_conflict_held_devices",
+                "EFAs that pods hold through this plugin while an EFA DRA driver is registered \
+                 on the node; the DRA driver cannot see them and may allocate them again, so \
+                 drain their pods before DRA serves the node",
+                i64::try_from(unseen_by_dra).unwrap_or(i64::MAX),
             ),
             (
                 "efa_device_plugin_rdma_netns_exclusive",

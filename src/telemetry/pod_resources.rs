@@ -105,7 +105,8 @@ impl PodResources {
         holdings: Arc<watch::Sender<Arc<Holdings>>>,
         shutdown: CancellationToken,
     ) {
-        let mut warned: BTreeSet<(String, String)> = BTreeSet::new();
+        let mut warned: BTreeSet<Pod> = BTreeSet::new();
+        let mut warned_dra: BTreeSet<Pod> = BTreeSet::new();
         let mut ticker = tokio::time::interval(interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -113,11 +114,13 @@ impl PodResources {
                 _ = shutdown.cancelled() => return,
                 _ = ticker.tick() => {}
             }
+            let inventory = state.current();
             let next = match self.poll().await {
-                Some(response) => derive(&response, &self.resource_name, &state.current(), sharing),
+                Some(response) => derive(&response, &self.resource_name, &inventory, sharing),
                 None => Holdings::default(),
             };
             warn_of_foreign(&next, &mut warned);
+            warn_of_dra(&next, &inventory, &mut warned_dra);
             holdings.send_if_modified(|now| {
                 let changed = **now != next;
                 if changed {
@@ -129,10 +132,25 @@ impl PodResources {
     }
 }
 
+/// A pod, as (namespace, name).
+type Pod = (String, String);
+
+/// The pods of `by_pod` that `warned` lacks; `warned` then holds exactly `by_pod`'s pods, so a
+/// pod that drops out and comes back is new again.
+fn first_seen<T>(by_pod: BTreeMap<Pod, T>, warned: &mut BTreeSet<Pod>) -> Vec<(Pod, T)> {
+    let seen = by_pod.keys().cloned().collect();
+    let new = by_pod
+        .into_iter()
+        .filter(|(pod, _)| !warned.contains(pod))
+        .collect();
+    *warned = seen;
+    new
+}
+
 /// One warning per pod when it is first seen holding foreign IDs; a pod that stops holding
 /// them and starts again is warned of again.
-fn warn_of_foreign(holdings: &Holdings, warned: &mut BTreeSet<(String, String)>) {
-    let mut by_pod: BTreeMap<(String, String), Vec<&str>> = BTreeMap::new();
+fn warn_of_foreign(holdings: &Holdings, warned: &mut BTreeSet<Pod>) {
+    let mut by_pod: BTreeMap<Pod, Vec<&str>> = BTreeMap::new();
     for hold in &holdings.foreign {
         let pod = (hold.holder.namespace.clone(), hold.holder.pod.clone());
         by_pod
@@ -140,17 +158,29 @@ fn warn_of_foreign(holdings: &Holdings, warned: &mut BTreeSet<(String, String)>)
             .or_default()
             .extend(hold.ids.iter().map(String::as_str));
     }
-    for ((namespace, pod), ids) in &by_pod {
-        if !warned.contains(&(namespace.clone(), pod.clone())) {
-            tracing::warn!(
-                %namespace,
-                %pod,
-                ids = %ids.join(","),
-                "a pod holds EFAs under IDs this plugin does not advertise; the kubelet counts those EFAs as free, so preferred allocations avoid them"
-            );
-        }
+    for ((namespace, pod), ids) in first_seen(by_pod, warned) {
+        tracing::warn!(
+            %namespace,
+            %pod,
+            ids = %ids.join(","),
+            "a pod holds EFAs under IDs this plugin does not advertise; the kubelet counts those EFAs as free, so preferred allocations avoid them"
+        );
     }
-    *warned = by_pod.into_keys().collect();
+}
+
+/// One warning per pod that holds EFAs through this plugin while a DRA driver is registered,
+/// naming the pod to drain: the driver cannot see its EFAs and may give them to another pod.
+/// Per pod rather than once per conflict, because the view may first answer after the conflict
+/// began, and a conflict that ends and starts again warns of every pod again.
+fn warn_of_dra(holdings: &Holdings, inventory: &Inventory, warned: &mut BTreeSet<Pod>) {
+    for ((namespace, pod), ids) in first_seen(holdings.pods_unseen_by_dra(inventory), warned) {
+        tracing::warn!(
+            %namespace,
+            %pod,
+            ids = %ids.join(","),
+            "a pod holds EFAs through this plugin while an EFA DRA driver is registered; the driver cannot see them and may allocate them to another pod: drain it before handing the node to DRA"
+        );
+    }
 }
 
 /// What `response` says about `resource_name`'s devices in `inventory`: who holds each one,
@@ -249,6 +279,29 @@ mod tests {
             pod: pod.into(),
             container: "main".into(),
         }
+    }
+
+    #[test]
+    fn a_pod_is_new_until_seen_and_again_after_it_dropped_out() {
+        let pods = |names: &[&str]| -> BTreeMap<Pod, ()> {
+            names
+                .iter()
+                .map(|n| (("ml".to_owned(), (*n).to_owned()), ()))
+                .collect()
+        };
+        let names = |new: Vec<(Pod, ())>| -> Vec<String> {
+            new.into_iter().map(|((_, pod), ())| pod).collect()
+        };
+        let mut warned = BTreeSet::new();
+        assert_eq!(
+            names(first_seen(pods(&["p1", "p2"]), &mut warned)),
+            ["p1", "p2"]
+        );
+        assert!(first_seen(pods(&["p1", "p2"]), &mut warned).is_empty());
+        assert!(first_seen(pods(&["p2"]), &mut warned).is_empty());
+        assert_eq!(names(first_seen(pods(&["p1", "p2"]), &mut warned)), ["p1"]);
+        assert!(first_seen(pods(&[]), &mut warned).is_empty());
+        assert_eq!(names(first_seen(pods(&["p2"]), &mut warned)), ["p2"]);
     }
 
     #[test]

@@ -25,6 +25,7 @@ source "$HERE/lib/fake-efa.sh"
 source "$HERE/cluster/prometheus.sh"
 source "$HERE/cluster/migration.sh"
 source "$HERE/cluster/cdi-restart.sh"
+source "$HERE/cluster/dra.sh"
 source "$HERE/cluster/arm64.sh"
 NODE=efa-e2e
 NS=kube-system
@@ -831,6 +832,7 @@ main() {
 	run_case "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
 	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
 	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
+	dra_cases
 	arm64_cases
 }
 

@@ -274,16 +274,13 @@ prometheus_operator_crds() {
 	done
 }
 
-# stub_plugin CACHE SRC NAME: prints the path of the Go program in the dir
-# SRC, with the stub adapters of stubcompat/ beside it, built against
-# k8s.io/kubernetes at $KUBE_VERSION (for the kubelet's device-plugin stub), in
-# the kubelet build's module and build caches, so it compiles only what the
-# kubelet build has not. The binary is cached per version and per hash of the
-# sources, so an edit rebuilds it.
-stub_plugin() {
-	local cache=$1 src=$2 name=$3 compat hash work tags=
-	compat=$(dirname "${BASH_SOURCE[0]}")/../stubcompat
-	hash=$(cat "$src"/*.go "$compat"/*.go | sha256sum | cut -c1-16)
+# go_program CACHE NAME HASH BUILD...: prints the path of the program NAME
+# built for $KUBE_VERSION from sources hashing to HASH, running BUILD in a
+# scratch dir holding go_env's settings (BUILD leaves the binary at ./NAME)
+# when the cache lacks it. Builds of older sources are then removed.
+go_program() {
+	local cache=$1 name=$2 hash=$3 work
+	shift 3
 	local bin=$cache/kubernetes-$KUBE_VERSION/$name-$hash
 	if [[ -x $bin ]]; then
 		printf '%s\n' "$bin"
@@ -292,19 +289,65 @@ stub_plugin() {
 	command -v go >/dev/null || { echo "go toolchain not found" >&2; return 1; }
 	go_env "$cache"
 	work=$(new_workdir "$cache" "$name") || return 1
-	cp "$src"/*.go "$compat"/*.go "$work/"
 	mkdir -p "${bin%/*}"
-	# The stub's calls took a context from 1.35 on (stubcompat/stub_ctx.go).
-	if ! (cd "$work" && kube_gomod "$work" "$name" && go get "k8s.io/kubernetes@$KUBE_VERSION" &&
-		stub=$(go list -f '{{.Dir}}' k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1) &&
-		{ ! grep -q 'func (m \*Stub) Start(ctx context.Context)' "$stub/stub.go" || tags=stubctx; } &&
-		go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$work/$name" .) >&2; then
+	if ! (cd "$work" && "$@") >&2; then
 		rm -rf "$work"
 		return 1
 	fi
-	# Builds of older sources are of no further use.
 	rm -f "$cache/kubernetes-$KUBE_VERSION/$name"-*
 	mv "$work/$name" "$bin"
 	rm -rf "$work"
 	printf '%s\n' "$bin"
+}
+
+# stub_plugin CACHE SRC NAME [DIR...]: prints the path of the Go program in
+# the dir SRC, with the sources of the dirs DIR and the stub adapters of
+# stubcompat/ beside it, built against
+# k8s.io/kubernetes at $KUBE_VERSION (for the kubelet's device-plugin stub), in
+# the kubelet build's module and build caches, so it compiles only what the
+# kubelet build has not. The binary is cached per version and per hash of the
+# sources, so an edit rebuilds it.
+stub_plugin() {
+	local cache=$1 src=$2 name=$3 compat hash
+	compat=$(dirname "${BASH_SOURCE[0]}")/../stubcompat
+	local -a files=("$src"/*.go)
+	shift 3
+	for src in "$@" "$compat"; do files+=("$src"/*.go); done
+	hash=$(cat "${files[@]}" | sha256sum | cut -c1-16)
+	go_program "$cache" "$name" "$hash" build_stub_plugin "$name" "${files[@]}"
+}
+
+build_stub_plugin() {
+	local name=$1 stub tags=
+	shift
+	cp "$@" . || return 1
+	# The stub's calls took a context from 1.35 on (stubcompat/stub_ctx.go).
+	kube_gomod "$PWD" "$name" && go get "k8s.io/kubernetes@$KUBE_VERSION" &&
+		stub=$(go list -f '{{.Dir}}' k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1) &&
+		{ ! grep -q 'func (m \*Stub) Start(ctx context.Context)' "$stub/stub.go" || tags=stubctx; } &&
+		go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$name" .
+}
+
+# dra_driver CACHE SRC NAME [DIR...]: prints the path of the DRA driver in
+# the dir SRC, with the sources of the dirs DIR beside it, built against k8s.io/dynamic-resource-allocation (its kubeletplugin helper)
+# at the release matching $KUBE_VERSION, v0.<minor>.<patch>, cached as
+# stub_plugin's programs are.
+dra_driver() {
+	local cache=$1 src=$2 name=$3 hash
+	local -a files=("$src"/*.go)
+	shift 3
+	for src in "$@"; do files+=("$src"/*.go); done
+	hash=$(cat "${files[@]}" | sha256sum | cut -c1-16)
+	go_program "$cache" "$name" "$hash" build_dra_driver "$name" "${files[@]}"
+}
+
+build_dra_driver() {
+	local name=$1 helper tags=
+	shift
+	# The helper's DRAPlugin asks for WatchHealthStatus from 1.37 on (the drahealth tag).
+	cp "$@" . && go mod init "efa-device-plugin-e2e/$name" >/dev/null 2>&1 &&
+		go get "k8s.io/dynamic-resource-allocation@v0.${KUBE_VERSION#v1.}" && go mod tidy &&
+		helper=$(go list -f '{{.Dir}}' k8s.io/dynamic-resource-allocation/kubeletplugin) &&
+		{ ! grep -q 'WatchHealthStatus(ctx context.Context' "$helper/draplugin.go" || tags=drahealth; } &&
+		go build -trimpath -tags "$tags" -ldflags "-s -w" -o "$name" .
 }

@@ -1,3 +1,5 @@
+// The EFAs of a sysfs tree as the stand-ins find them; built into each
+// stand-in beside its own sources (lib/build.sh).
 package main
 
 import (
@@ -22,14 +24,15 @@ func ibdevNames(sysfs string) ([]string, error) {
 	return names, nil
 }
 
-// efaDevice is one EFA as the AWS plugin logs it: the ibdev name, which is
-// its device ID, and its uverbs node.
+// efaDevice is one EFA by its ibdev name (the AWS plugin's device ID, and
+// the name DRANET publishes) and its uverbs node.
 type efaDevice struct {
 	ibdev, uverbs string
 }
 
 // efaDevices pairs each ibdev bound to the efa driver with its uverbs node
-// through class/infiniband_verbs/*/ibdev, as the AWS plugin's log lines show.
+// through class/infiniband_verbs/*/ibdev, as the AWS plugin's log lines show,
+// sorted by ibdev.
 func efaDevices(sysfs string) ([]efaDevice, error) {
 	names, err := ibdevNames(sysfs)
 	if err != nil {
