@@ -54,16 +54,16 @@ pub(crate) fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, Pat
 }
 
 /// Why every EFA is withheld while `driver` is registered at `socket`, and what decides whether
-/// DRA serves `resource_name` on the node instead: from Kubernetes 1.35 the scheduler hands a
-/// resource at allocatable 0 to DRA, but only through a DeviceClass that maps it, which the
-/// plugin has no credentials to read.
+/// DRA serves `resource_name` on the node instead: the scheduler hands a resource at allocatable
+/// 0 to DRA where the DRAExtendedResource feature is on (by default from Kubernetes 1.36), but
+/// only through a DeviceClass that maps it, which the plugin has no credentials to read.
 pub(crate) fn describe(driver: &str, socket: &Path, resource_name: &str) -> String {
     format!(
         "DRA driver {driver} is registered on this node ({}) and allocates the same EFAs; the \
          device plugin withholds them (allocatable 0) until it goes, or run with \
          --allow-dra-coexistence. Pods asking for {resource_name} get EFAs here through DRA only \
-         on Kubernetes 1.35+ with a DeviceClass whose spec.extendedResourceName is \
-         {resource_name} (check kubectl get deviceclasses); pods already holding EFAs through \
+         on Kubernetes 1.36+ (DRAExtendedResource) with a DeviceClass whose \
+         spec.extendedResourceName is {resource_name} (check kubectl get deviceclasses); pods already holding EFAs through \
          this plugin are invisible to {driver}",
         socket.display()
     )
