@@ -11,7 +11,7 @@
 # fresh POLICY SCOPE FIXTURE [CPU_POLICY]: no pods, the kubelet under POLICY
 # and SCOPE (and the CPU manager policy, default none), our plugin on FIXTURE.
 fresh() {
-	remove_all_pods && use_policy "$1" "$2" "${4:-none}" && use_fixture "$3"
+	remove_pods && use_policy "$1" "$2" "${4:-none}" && use_fixture "$3"
 }
 
 drop_pod() {
