@@ -16,7 +16,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::discovery::Efa;
-use crate::health::node_path;
 use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
     PreferredAllocationRequest, PreferredAllocationResponse,
@@ -62,7 +61,7 @@ impl Contributor for DeviceNodes {
         for Allocated { efa, .. } in devices {
             response.devices.push(DeviceSpec {
                 container_path: format!("{CONTAINER_NODE_DIR}/{}", efa.uverbs),
-                host_path: node_path(&self.dev_root, &efa.uverbs).display().to_string(),
+                host_path: efa.node_path(&self.dev_root).display().to_string(),
                 permissions: "rw".into(),
             });
         }
