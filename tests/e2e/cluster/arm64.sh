@@ -54,7 +54,7 @@ arm64_cases() {
 
 case_arm64_install() {
 	local pod exe
-	uninstall_plugin || { REASON="plugin pod still there 60s after its uninstall"; return 1; }
+	uninstall_plugin || return 1
 	kustomize_install p4d-arm64 || return 1
 	pod=$(ready_plugin_pod)
 	if ! runs_arm64_image "$pod"; then
@@ -81,7 +81,7 @@ ensure_arm64_plugin() {
 	local pod
 	pod=$(ready_plugin_pod)
 	[[ -n $pod ]] && runs_arm64_image "$pod" && allocatable_is 4 && return 0
-	uninstall_plugin || { REASON="plugin pod still there 60s after its uninstall"; return 1; }
+	uninstall_plugin || return 1
 	kustomize_install p4d-arm64
 }
 

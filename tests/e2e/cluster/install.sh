@@ -6,7 +6,7 @@
 # and fixtures are lib/cluster.sh's.
 
 case_kustomize_install() {
-	uninstall_plugin || { REASON="plugin pod still there 60s after its uninstall"; return 1; }
+	uninstall_plugin || return 1
 	kustomize_install p4d
 }
 # A kustomize install is replaced in place; a release of the chart would
@@ -36,7 +36,7 @@ plugin_on_tree() {
 
 case_helm() {
 	local rendered old new
-	uninstall_plugin || { REASON="plugin pod still there 60s after its uninstall"; return 1; }
+	uninstall_plugin || return 1
 	# The API server must accept every object the chart renders, with the
 	# defaults and with every switch on (the PodMonitor and PrometheusRule
 	# need their CRDs).
@@ -90,7 +90,7 @@ CDI_SPEC=/var/run/cdi/vpc.amazonaws.com-efa.json
 case_cdi() {
 	local pod env spec_ids want_ids
 	local -a cdi=(--set cdi.enabled=true --set-string config.allocate.env.FI_PROVIDER=efa)
-	uninstall_plugin || { REASON="plugin pod still there 60s after its uninstall"; return 1; }
+	uninstall_plugin || return 1
 	helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" "${cdi[@]}" >"$T/helm-cdi.yaml"
 	helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "${cdi[@]}" >"$T/helm-cdi-e2e.yaml"
 	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/helm-cdi.yaml" "$T/helm-cdi-e2e.yaml" 2>&1); then

@@ -186,7 +186,9 @@ uninstall_plugin() {
 	uninstall_releases
 	[[ -z $(kns get daemonset "$DS" -o name 2>/dev/null) ]] ||
 		k delete -k "$HERE/cluster/kustomize/p4d" --ignore-not-found --wait >/dev/null 2>&1
-	wait_until 60 no_plugin_pod
+	wait_until 60 no_plugin_pod && return 0
+	REASON="plugin pod still there 60s after its uninstall: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
+	return 1
 }
 
 # uninstall_releases: every release of this chart uninstalled, whatever its name.
@@ -204,7 +206,7 @@ print(" ".join(r["name"] for r in json.load(sys.stdin) if r["chart"].startswith(
 # is there is gone.
 ensure_plugin() {
 	has_ready_plugin_pod && allocatable_is 4 && return 0
-	uninstall_plugin || { REASON="plugin pod still there 60s after its uninstall"; return 1; }
+	uninstall_plugin || return 1
 	kustomize_install p4d
 }
 
