@@ -13,7 +13,7 @@ use prometheus_client::metrics::counter::Counter;
 
 use crate::allocation::metrics::AllocationMetrics;
 use crate::allocation::{Allocator, Contributor, DeviceNodes, Environment};
-use crate::cdi::{self, CdiDevices, Kind, SpecSettings};
+use crate::cdi::{self, CdiDevices, SpecSettings};
 use crate::config::{DeviceListStrategy, Settings};
 use crate::conflict::Guard;
 use crate::health::{Monitor, ScanStats};
@@ -58,7 +58,11 @@ impl Plugin {
             DeviceListStrategy::DeviceSpecs => None,
             DeviceListStrategy::Cdi => Some(CdiSpec {
                 settings: SpecSettings {
-                    kind: Kind::of(&settings.resource_name).map_err(anyhow::Error::msg)?,
+                    kind: settings
+                        .resource_name
+                        .cdi_kind()
+                        .map_err(|err| anyhow::anyhow!("{err}"))?
+                        .clone(),
                     sharing: settings.sharing,
                     env: settings.allocate.env.clone(),
                 },
@@ -72,7 +76,7 @@ impl Plugin {
             self.state.clone(),
         )
         .with_ids(settings.device_id_strategy)
-        .with_regular_files(settings.test_only_regular_file_nodes);
+        .with_regular_files(settings.regular_file_nodes());
         let mut tasks = Tasks::default();
         // Bound before anything else starts, so a taken port fails the start with one line.
         if let Some(address) = settings.metrics_address {
@@ -90,7 +94,12 @@ impl Plugin {
         }
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
-        crate::service::check_sharing_fits(&self.state.current(), settings.sharing, cdi.is_some())?;
+        crate::service::check_sharing_fits(
+            &self.state.current(),
+            settings.sharing,
+            &settings.origins.sharing,
+            cdi.is_some(),
+        )?;
         tasks.spawn("health monitor", monitor.run(shutdown.clone()));
         if let Some(guard) = self.start_guard(settings).await {
             tasks.spawn("DRA-conflict guard", guard.run(shutdown.clone()));
@@ -99,7 +108,7 @@ impl Plugin {
             "PodResources view",
             PodResources::new(
                 settings.pod_resources_socket.clone(),
-                settings.resource_name.clone(),
+                settings.resource_name.to_string(),
             )
             .run(
                 self.state.reader(),
@@ -164,7 +173,7 @@ impl Plugin {
         };
         let lifecycle = Lifecycle {
             dir: settings.device_plugin_dir.clone(),
-            resource_name: settings.resource_name.clone(),
+            resource_name: settings.resource_name.to_string(),
             state: self.state.reader(),
             allocator: Arc::new(
                 Allocator::new(contributors)
@@ -200,7 +209,7 @@ impl Plugin {
     ) -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
         let listener = TcpListener::bind(address)
             .await
-            .with_context(|| format!("--metrics-address {address}"))?;
+            .with_context(|| format!("{} {address}", settings.origins.metrics_address))?;
         let bound = listener.local_addr()?;
         tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
         let mut metrics = Metrics::new(
@@ -233,7 +242,7 @@ impl Plugin {
     fn spec_still_needed(&self, settings: &Settings) -> crate::hostfile::KeepOnExit {
         let pods = PodResources::new(
             settings.pod_resources_socket.clone(),
-            settings.resource_name.clone(),
+            settings.resource_name.to_string(),
         );
         let (state, sharing) = (self.state.reader(), settings.sharing);
         Box::new(move || {
@@ -253,7 +262,7 @@ impl Plugin {
         let mut guard = Guard::new(
             settings.plugins_registry_dir.clone(),
             settings.dra_drivers.clone(),
-            settings.resource_name.clone(),
+            settings.resource_name.to_string(),
             settings.rescan_interval,
             self.state.clone(),
         );
@@ -338,7 +347,7 @@ const BLOCKING_GRACE: std::time::Duration = std::time::Duration::from_millis(500
 
 /// The `run` command: the plugin as a process, stopped by SIGTERM, SIGINT or SIGHUP.
 pub fn serve(settings: Settings) -> anyhow::Result<()> {
-    crate::telemetry::init_logging(settings.log_format, &settings.log_level)?;
+    crate::telemetry::init_logging(settings.log_format, settings.log_level.filter())?;
     crate::telemetry::fds::raise_limit();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

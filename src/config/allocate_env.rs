@@ -44,6 +44,14 @@ impl Describe for EnvSetting {
         Some(self.file)
     }
 
+    fn default_text(&self) -> Option<&'static str> {
+        None
+    }
+
+    fn is_path(&self) -> bool {
+        false
+    }
+
     fn file_schema(&self) -> serde_json::Value {
         serde_json::json!({
             "type": "object",
@@ -56,7 +64,7 @@ impl Describe for EnvSetting {
 impl Resolve<AllocateSettings> for EnvSetting {
     /// Each flag's one pair, or the variable's map, when given; else the file's map. Every
     /// entry is checked alike.
-    fn resolve(&self, given: &Given) -> Result<AllocateSettings, ConfigError> {
+    fn resolve(&self, given: &Given) -> Result<(AllocateSettings, Origin), ConfigError> {
         if let Some((origin, texts)) = given.command_line(self) {
             let problem = |err: String| ConfigError(format!("{origin}: {err}"));
             let env = match origin {
@@ -70,20 +78,20 @@ impl Resolve<AllocateSettings> for EnvSetting {
                     .collect::<Result<_, _>>()
                     .map_err(problem)?,
             };
-            return Ok(AllocateSettings { env });
+            return Ok((AllocateSettings { env }, origin));
         }
         let Some((path, value)) = given.file_value(self.file) else {
-            return Ok(AllocateSettings::default());
+            return Ok((AllocateSettings::default(), Origin::Flag(self.flag)));
         };
+        let at = |key: String| Origin::File(path.to_owned(), key);
         let env = env_map(value).map_err(|(key, err)| {
-            let entry = format!("{}.{key}", self.file);
-            ConfigError(format!("{}: {err}", Origin::File(path, &entry)))
+            ConfigError(format!("{}: {err}", at(format!("{}.{key}", self.file))))
         });
         match value {
-            Value::Mapping(_) => Ok(AllocateSettings { env: env? }),
+            Value::Mapping(_) => Ok((AllocateSettings { env: env? }, at(self.file.to_owned()))),
             _ => Err(ConfigError(format!(
                 "{}: must be a map of variables",
-                Origin::File(path, self.file)
+                at(self.file.to_owned())
             ))),
         }
     }

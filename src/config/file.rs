@@ -14,6 +14,11 @@ pub(super) const CONFIG_SIZE_LIMIT: u64 = 1 << 20;
 /// deeper input is refused before it is parsed.
 pub(super) const CONFIG_DEPTH_LIMIT: usize = 32;
 
+/// The key naming the file's format, and the formats this plugin reads; a file without the key
+/// is the first. A later format can then change the keys without an old file being misread.
+pub(super) const VERSION_KEY: &str = "version";
+pub(super) const VERSIONS: [&str; 1] = ["v1"];
+
 /// The config file's values by their dotted key, e.g. `sharing.replicas`.
 pub(super) type FileValues = BTreeMap<&'static str, Value>;
 
@@ -35,13 +40,34 @@ pub(super) fn read(path: &Path, keys: &[&'static str]) -> Result<Document, Confi
             "nested {depth} levels deep, more than the {CONFIG_DEPTH_LIMIT} allowed"
         )));
     }
-    let document: Value =
+    let mut document: Value =
         serde_yaml::from_str(&text).map_err(|err| problem(err.to_string().replace('\n', " ")))?;
+    check_version(&mut document).map_err(problem)?;
     // An empty file, or one of comments only, is an empty document: the defaults.
     if !document.is_null() {
         collect(&document, "", keys, &mut values).map_err(problem)?;
     }
     Ok(Document { text, values })
+}
+
+/// Takes the version key out of the document, refusing a format this plugin does not read. As
+/// with a setting, a null (`version:` alone) leaves it unset.
+fn check_version(document: &mut Value) -> Result<(), String> {
+    let Value::Mapping(entries) = document else {
+        return Ok(());
+    };
+    match entries.remove(VERSION_KEY) {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(version)) if VERSIONS.contains(&version.as_str()) => Ok(()),
+        Some(Value::String(version)) => Err(format!(
+            "{VERSION_KEY}: unknown version {version:?}, this plugin reads {}",
+            VERSIONS.join(", ")
+        )),
+        Some(_) => Err(format!(
+            "{VERSION_KEY}: must be a string, one of {}",
+            VERSIONS.join(", ")
+        )),
+    }
 }
 
 /// Files the entries of one mapping, the document or a group such as `sharing:`, under their
@@ -130,6 +156,43 @@ pub(super) fn yaml_scalar(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_known_version_is_taken_and_none_means_v1() {
+        let keys = ["rescan-interval"];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        let read_text = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            read(&path, &keys).map(|document| document.values)
+        };
+        for text in [
+            "rescan-interval: 2s\n",
+            "version: v1\nrescan-interval: 2s\n",
+        ] {
+            let values = read_text(text).unwrap();
+            assert_eq!(
+                values.keys().collect::<Vec<_>>(),
+                [&"rescan-interval"],
+                "{text}"
+            );
+        }
+        assert!(read_text("version:\n").unwrap().is_empty());
+        let refused = |text: &str| read_text(text).unwrap_err().0;
+        let unknown = refused("version: v2\nrescan-interval: 2s\n");
+        assert!(
+            unknown.ends_with(": version: unknown version \"v2\", this plugin reads v1"),
+            "{unknown}"
+        );
+        for text in ["version: 1\n", "version: [v1]\n", "version: true\n"] {
+            let wrong = refused(text);
+            assert!(
+                wrong.ends_with(": version: must be a string, one of v1"),
+                "{wrong}"
+            );
+            assert!(wrong.contains(path.to_str().unwrap()), "{wrong}");
+        }
+    }
 
     #[test]
     fn nesting_depth_bounds_block_compact_and_flow_nesting() {

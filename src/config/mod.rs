@@ -10,6 +10,7 @@
 
 mod allocate_env;
 mod file;
+mod listing;
 mod origin;
 mod parsers;
 mod resource_name;
@@ -19,16 +20,19 @@ mod table;
 use std::path::Path;
 
 use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 pub use allocate_env::AllocateSettings;
-pub use origin::ConfigError;
+pub use listing::{OutputFormat, print_settings};
+pub use origin::{ConfigError, Origin};
+pub use parsers::LogLevel;
+pub use resource_name::ResourceName;
+#[cfg(any(test, feature = "testkit"))]
 pub(crate) use resource_name::validate_resource_name;
-pub use table::{DeviceListStrategy, LogFormat, Settings, file_schema};
+pub use table::{DeviceListStrategy, LogFormat, Origins, Settings, file_schema};
 
-use origin::Origin;
 use parsers::parse_path;
-use setting::{Given, flag_arg, help_text};
+use setting::{CONFIG, Given, flag_arg, help_text};
 use table::DECLARED;
 
 #[derive(Parser, Debug)]
@@ -56,6 +60,12 @@ pub enum Command {
     /// Run the plugin against a simulated p5.48xlarge and an in-process kubelet stand-in.
     #[cfg(feature = "demo")]
     Demo,
+    /// Print the settings table: each setting's flag, variable, config file key, default and
+    /// help, and whether its value is a path.
+    Settings {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
     /// Print the effective configuration (flags, environment and file merged) as YAML.
     Config {
         /// Print the config file's JSON schema instead, from the settings table (the Helm
@@ -65,15 +75,8 @@ pub enum Command {
     },
 }
 
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputFormat {
-    Table,
-    Json,
-}
-
 fn cli() -> clap::Command {
-    let config = flag_arg(CONFIG.0, CONFIG.1, "FILE")
-        .help("YAML file with any of these options, keyed by their long names");
+    let config = flag_arg(CONFIG.flag, CONFIG.env, CONFIG.value_name).help(CONFIG.help);
     let settings = DECLARED
         .each()
         .into_iter()
@@ -96,15 +99,12 @@ where
     Ok((command, settings))
 }
 
-/// The `--config` flag and its variable.
-const CONFIG: (&str, &str) = ("config", "EFA_DP_CONFIG");
-
 fn settings_from(matches: &ArgMatches) -> Result<Settings, ConfigError> {
-    let config = match matches.get_one::<String>(CONFIG.0) {
+    let config = match matches.get_one::<String>(CONFIG.flag) {
         Some(text) => {
-            let origin = match matches.value_source(CONFIG.0) {
-                Some(ValueSource::EnvVariable) => Origin::Env(CONFIG.1),
-                _ => Origin::Flag(CONFIG.0),
+            let origin = match matches.value_source(CONFIG.flag) {
+                Some(ValueSource::EnvVariable) => Origin::Env(CONFIG.env),
+                _ => Origin::Flag(CONFIG.flag),
             };
             Some(parse_path(text).map_err(|err| ConfigError(format!("{origin}: {err}")))?)
         }
@@ -119,15 +119,13 @@ fn settings_from(matches: &ArgMatches) -> Result<Settings, ConfigError> {
         file,
     };
     let settings = DECLARED.resolve(&given)?;
-    let origin = given.origin(DECLARED.resource_name);
-    validate_resource_name(&settings.resource_name)
-        .map_err(|err| ConfigError(format!("{origin}: {err}")))?;
-    if settings.device_list_strategy == DeviceListStrategy::Cdi {
-        crate::cdi::Kind::of(&settings.resource_name).map_err(|err| {
-            ConfigError(format!(
-                "{origin}: {err} (needed by --device-list-strategy=cdi)"
-            ))
-        })?;
+    if settings.device_list_strategy == DeviceListStrategy::Cdi
+        && let Err(err) = settings.resource_name.cdi_kind()
+    {
+        let origin = &settings.origins.resource_name;
+        return Err(ConfigError(format!(
+            "{origin}: {err} (needed by --device-list-strategy=cdi)"
+        )));
     }
     Ok(settings)
 }
@@ -184,7 +182,7 @@ pub(crate) mod tests {
             // In the child below: the variables are set, yet the declared defaults stand.
             let settings = Settings::default();
             assert_eq!(settings.rescan_interval, Duration::from_secs(5));
-            assert_eq!(settings.resource_name, "vpc.amazonaws.com/efa");
+            assert_eq!(settings.resource_name.as_str(), "vpc.amazonaws.com/efa");
             return;
         }
         // Setting a variable in this process is unsafe (and denied), so a child gets them.

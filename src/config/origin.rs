@@ -1,16 +1,20 @@
 //! Where a setting's value came from, and the one-line error that names it.
 
 use std::fmt;
-use std::path::Path;
+use std::path::PathBuf;
 
-/// Where a setting's value came from, to name it in an error.
-pub(super) enum Origin<'a> {
-    Flag(&'a str),
-    Env(&'a str),
-    File(&'a Path, &'a str),
+/// Where a setting's value came from, to name it in an error: in one found while parsing, and
+/// in one found later, once the node is scanned or a port bound. A default is named by its
+/// flag, the way to change it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    Flag(&'static str),
+    Env(&'static str),
+    /// The file and the dotted key in it.
+    File(PathBuf, String),
 }
 
-impl fmt::Display for Origin<'_> {
+impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Origin::Flag(flag) => write!(f, "--{flag}"),

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use clap::builder::PossibleValue;
+use serde::Serialize;
+use tracing_subscriber::EnvFilter;
 
 use crate::allocation::sharing::{Sharing, parse_replicas};
 
@@ -25,8 +27,29 @@ pub(super) fn parse_optional_path(text: &str) -> Result<Option<PathBuf>, String>
         .map(PathBuf::from))
 }
 
-pub(super) fn parse_text(text: &str) -> Result<String, String> {
-    Ok(text.to_owned())
+/// A log level or filter directives, e.g. `info,efa_device_plugin=debug`: read as the logger
+/// reads them, so a bad one is refused with the other settings, naming where it came from.
+#[derive(Serialize, Clone, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct LogLevel(String);
+
+impl LogLevel {
+    pub(super) fn parse(text: &str) -> Result<Self, String> {
+        EnvFilter::try_new(text).map_err(|err| format!("invalid log level {text:?}: {err}"))?;
+        Ok(LogLevel(text.to_owned()))
+    }
+
+    /// The logger's filter; [`LogLevel::parse`] has read these directives already, so none is
+    /// dropped.
+    pub fn filter(&self) -> EnvFilter {
+        EnvFilter::new(&self.0)
+    }
+}
+
+impl std::fmt::Debug for LogLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
 }
 
 pub(super) fn parse_sharing(text: &str) -> Result<Sharing, String> {

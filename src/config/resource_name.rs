@@ -1,4 +1,55 @@
-//! The extended resource name, checked as the kubelet checks it.
+//! The extended resource name, checked as the kubelet checks it, and the CDI kind it gives.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::cdi::Kind;
+
+/// An extended resource name the kubelet accepts, read once: with the CDI kind it gives, or why
+/// CDI cannot name it (checked when the cdi strategy is chosen).
+#[derive(Clone, PartialEq, Eq)]
+pub struct ResourceName {
+    name: String,
+    kind: Result<Kind, String>,
+}
+
+impl ResourceName {
+    pub(super) fn parse(text: &str) -> Result<Self, String> {
+        validate_resource_name(text)?;
+        Ok(ResourceName {
+            name: text.to_owned(),
+            kind: Kind::of(text),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    pub(crate) fn cdi_kind(&self) -> Result<&Kind, &str> {
+        self.kind.as_ref().map_err(String::as_str)
+    }
+}
+
+impl fmt::Display for ResourceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// As the name alone, the way the start-up log and `config` have always shown it.
+impl fmt::Debug for ResourceName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.name, f)
+    }
+}
+
+impl Serialize for ResourceName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name)
+    }
+}
 
 /// The kubelet's `IsExtendedResourceName`: `<dns-subdomain>/<name>`, outside `kubernetes.io`,
 /// and `requests.<name>` must still be a qualified name.
@@ -52,6 +103,20 @@ fn is_qualified_name_part(text: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_resource_name_knows_its_cdi_kind_or_why_it_has_none() {
+        let name = ResourceName::parse("vpc.amazonaws.com/efa").unwrap();
+        assert_eq!(name.as_str(), "vpc.amazonaws.com/efa");
+        assert_eq!(
+            name.cdi_kind().unwrap().to_string(),
+            "vpc.amazonaws.com/efa"
+        );
+        // The kubelet takes a leading digit in the class; CDI does not.
+        let name = ResourceName::parse("example.com/1efa").unwrap();
+        assert!(name.cdi_kind().unwrap_err().contains("class \"1efa\""));
+        assert!(ResourceName::parse("efa").is_err());
+    }
 
     #[test]
     fn resource_names_follow_the_kubelet() {

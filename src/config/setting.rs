@@ -1,7 +1,7 @@
 //! One row of the settings table: what a setting is called on the command line, in the
 //! environment and in the file, and how its text from each becomes its value.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::parser::ValueSource;
@@ -10,7 +10,7 @@ use serde_yaml::Value;
 
 use super::file::{FileValues, scalar_text};
 use super::origin::{ConfigError, Origin};
-use super::parsers::{choices, parse_bool, parse_choice};
+use super::parsers::{choices, parse_bool, parse_choice, parse_optional_path, parse_path};
 
 /// What `--help` and the file need to know of a setting, whatever its type.
 pub(super) trait Describe {
@@ -22,11 +22,16 @@ pub(super) trait Describe {
     fn file_key(&self) -> Option<&'static str>;
     /// The JSON schema of its value in the config file.
     fn file_schema(&self) -> serde_json::Value;
+    /// The text parsed when nothing gives the setting; `None` when nothing means empty.
+    fn default_text(&self) -> Option<&'static str>;
+    /// Whether the value names a file or directory, which a deployment must mount.
+    fn is_path(&self) -> bool;
 }
 
 pub(super) trait Resolve<T>: Describe {
-    /// The flag's or variable's value, else the file's, else the default.
-    fn resolve(&self, given: &Given) -> Result<T, ConfigError>;
+    /// The flag's or variable's value, else the file's, else the default; and where it came
+    /// from.
+    fn resolve(&self, given: &Given) -> Result<(T, Origin), ConfigError>;
 }
 
 /// Where a setting sits in the config file.
@@ -38,6 +43,8 @@ pub(super) enum FileKey {
     Named(&'static str),
     /// Under the flag's name, as a YAML list: the items of the flag's comma-separated text.
     List,
+    /// Not in the file: only the test switch, which a test build alone has.
+    #[cfg(feature = "testkit")]
     Never,
 }
 
@@ -57,6 +64,7 @@ pub(super) struct Setting<T> {
     choices: fn() -> Vec<PossibleValue>,
     /// For a repeatable flag: how the values of two occurrences combine, in order.
     repeat: Option<fn(T, T) -> T>,
+    path: bool,
 }
 
 impl<T> Setting<T> {
@@ -78,11 +86,42 @@ impl<T> Setting<T> {
             switch: false,
             choices: Vec::new,
             repeat: None,
+            path: false,
         }
     }
 
     pub(super) const fn in_file(self, file: FileKey) -> Self {
         Setting { file, ..self }
+    }
+}
+
+impl Setting<PathBuf> {
+    /// A file or directory that must be given.
+    pub(super) const fn path(
+        flag: &'static str,
+        env: &'static str,
+        value_name: &'static str,
+        default: &'static str,
+    ) -> Self {
+        Setting {
+            path: true,
+            ..Setting::new(flag, env, value_name, default, parse_path)
+        }
+    }
+}
+
+impl Setting<Option<PathBuf>> {
+    /// A file whose empty path turns its feature off.
+    pub(super) const fn optional_path(
+        flag: &'static str,
+        env: &'static str,
+        value_name: &'static str,
+        default: &'static str,
+    ) -> Self {
+        Setting {
+            path: true,
+            ..Setting::new(flag, env, value_name, default, parse_optional_path)
+        }
     }
 }
 
@@ -167,8 +206,17 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
         match self.file {
             FileKey::Flag | FileKey::List => Some(self.flag),
             FileKey::Named(key) => Some(key),
+            #[cfg(feature = "testkit")]
             FileKey::Never => None,
         }
+    }
+
+    fn default_text(&self) -> Option<&'static str> {
+        Some(self.default).filter(|text| !text.is_empty())
+    }
+
+    fn is_path(&self) -> bool {
+        self.path
     }
 
     /// By the value's name in `--help`, which says what the text is: a switch, one of the
@@ -191,7 +239,7 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
 }
 
 impl<T: Clone + Send + Sync + 'static> Resolve<T> for Setting<T> {
-    fn resolve(&self, given: &Given) -> Result<T, ConfigError> {
+    fn resolve(&self, given: &Given) -> Result<(T, Origin), ConfigError> {
         if let Some((origin, texts)) = given.command_line(self) {
             let mut given_value = None;
             for text in texts {
@@ -203,7 +251,7 @@ impl<T: Clone + Send + Sync + 'static> Resolve<T> for Setting<T> {
                 });
             }
             if let Some(value) = given_value {
-                return Ok(value);
+                return Ok((value, origin));
             }
         }
         let Some((key, path, value)) = self.file_key().and_then(|key| {
@@ -212,6 +260,7 @@ impl<T: Clone + Send + Sync + 'static> Resolve<T> for Setting<T> {
                 .map(|(path, value)| (key, path, value))
         }) else {
             return (self.parse)(self.default)
+                .map(|value| (value, Origin::Flag(self.flag)))
                 .map_err(|err| ConfigError(format!("default of --{}: {err}", self.flag)));
         };
         let text = match (self.file, value) {
@@ -223,8 +272,10 @@ impl<T: Clone + Send + Sync + 'static> Resolve<T> for Setting<T> {
             (FileKey::List, _) => Err("must be a list".to_owned()),
             _ => scalar_text(value),
         };
+        let origin = Origin::File(path.to_owned(), key.to_owned());
         text.and_then(|text| (self.parse)(&text))
-            .map_err(|err| ConfigError(format!("{}: {err}", Origin::File(path, key))))
+            .map(|value| (value, origin.clone()))
+            .map_err(|err| ConfigError(format!("{origin}: {err}")))
     }
 }
 
@@ -241,7 +292,7 @@ impl Given<'_> {
     pub(super) fn command_line<'s>(
         &'s self,
         setting: &'s dyn Describe,
-    ) -> Option<(Origin<'s>, impl Iterator<Item = String> + 's)> {
+    ) -> Option<(Origin, impl Iterator<Item = String> + 's)> {
         let matches = self.matches?;
         let origin = match matches.value_source(setting.flag())? {
             ValueSource::DefaultValue => return None,
@@ -260,18 +311,6 @@ impl Given<'_> {
             .filter(|value| !value.is_null())
             .map(|value| (*path, value))
     }
-
-    /// Where a setting's value came from, for a check made after merging.
-    pub(super) fn origin<'s>(&'s self, setting: &'s dyn Describe) -> Origin<'s> {
-        let source = self.matches.and_then(|m| m.value_source(setting.flag()));
-        match (source, &self.file) {
-            (Some(ValueSource::EnvVariable), _) => Origin::Env(setting.env()),
-            (Some(ValueSource::DefaultValue) | None, Some((path, _))) => {
-                Origin::File(path, setting.flag())
-            }
-            _ => Origin::Flag(setting.flag()),
-        }
-    }
 }
 
 /// The doc comment as clap's derive shows it, without the closing period.
@@ -289,3 +328,20 @@ pub(super) fn flag_arg(flag: &'static str, env: &'static str, value_name: &'stat
         .value_name(value_name)
         .global(true)
 }
+
+/// A flag that is no setting: it is read before the settings, and only from the command line
+/// or its variable.
+pub(super) struct PlainFlag {
+    pub flag: &'static str,
+    pub env: &'static str,
+    pub value_name: &'static str,
+    pub help: &'static str,
+}
+
+/// `--config`, which names the file the settings may come from.
+pub(super) const CONFIG: PlainFlag = PlainFlag {
+    flag: "config",
+    env: "EFA_DP_CONFIG",
+    value_name: "FILE",
+    help: "YAML file with any of these options, keyed by their long names",
+};
