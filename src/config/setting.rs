@@ -1,7 +1,7 @@
 //! One row of the settings table: what a setting is called on the command line, in the
 //! environment and in the file, and how its text from each becomes its value.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use clap::builder::{PossibleValue, PossibleValuesParser};
 use clap::parser::ValueSource;
@@ -10,7 +10,7 @@ use serde_yaml::Value;
 
 use super::file::{FileValues, scalar_text};
 use super::origin::{ConfigError, Origin};
-use super::parsers::{choices, parse_bool, parse_choice, parse_optional_path, parse_path};
+use super::parsers::{choices, parse_bool, parse_choice};
 
 /// What `--help` and the file need to know of a setting, whatever its type.
 pub(super) trait Describe {
@@ -90,38 +90,22 @@ impl<T> Setting<T> {
         }
     }
 
-    pub(super) const fn in_file(self, file: FileKey) -> Self {
-        Setting { file, ..self }
-    }
-}
-
-impl Setting<PathBuf> {
-    /// A file or directory that must be given.
+    /// A setting whose value names a file or directory, which a deployment must mount.
     pub(super) const fn path(
         flag: &'static str,
         env: &'static str,
         value_name: &'static str,
         default: &'static str,
+        parse: fn(&str) -> Result<T, String>,
     ) -> Self {
         Setting {
             path: true,
-            ..Setting::new(flag, env, value_name, default, parse_path)
+            ..Setting::new(flag, env, value_name, default, parse)
         }
     }
-}
 
-impl Setting<Option<PathBuf>> {
-    /// A file whose empty path turns its feature off.
-    pub(super) const fn optional_path(
-        flag: &'static str,
-        env: &'static str,
-        value_name: &'static str,
-        default: &'static str,
-    ) -> Self {
-        Setting {
-            path: true,
-            ..Setting::new(flag, env, value_name, default, parse_optional_path)
-        }
+    pub(super) const fn in_file(self, file: FileKey) -> Self {
+        Setting { file, ..self }
     }
 }
 
