@@ -10,7 +10,6 @@ use std::time::Duration;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
-use tokio_util::sync::CancellationToken;
 
 /// One inotify event about an entry of the watched directory.
 #[derive(Clone, Debug)]
@@ -103,36 +102,6 @@ impl DirWatch {
     }
 }
 
-/// The rhythm of a rescan of one directory: a pass every `interval`, and one at once on every
-/// change in the directory, until shutdown.
-pub(crate) struct Rescans {
-    dir: WatchedDir,
-    ticker: tokio::time::Interval,
-    shutdown: CancellationToken,
-}
-
-impl Rescans {
-    /// The first tick comes one `interval` from now: the caller has just made a pass.
-    pub(crate) fn new(dir: PathBuf, interval: Duration, shutdown: CancellationToken) -> Self {
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Rescans {
-            dir: WatchedDir::new(dir),
-            ticker,
-            shutdown,
-        }
-    }
-
-    /// Waits for the next pass to be due; false on shutdown.
-    pub(crate) async fn due(&mut self) -> bool {
-        tokio::select! {
-            _ = self.shutdown.cancelled() => false,
-            _ = self.ticker.tick() => true,
-            () = self.dir.changed() => true,
-        }
-    }
-}
-
 /// A directory watched across the passes of a periodic rescan, through its absence, its deletion
 /// and its recreation: the directory that holds device nodes appears only once the driver created
 /// one, and the kubelet's registry dir may come and go. While it cannot be watched, the caller's
@@ -140,11 +109,23 @@ impl Rescans {
 pub(crate) struct WatchedDir {
     dir: PathBuf,
     watch: Option<DirWatch>,
+    /// How often the caller rescans anyway, for the warning when the dir cannot be watched.
+    polled_every: Duration,
+    /// Whether the failure to watch the dir was logged since it last could be watched.
+    warned: bool,
+    /// How the watch is set up; a field only so a test can stand in for a failing inotify.
+    open: fn(&Path) -> io::Result<DirWatch>,
 }
 
 impl WatchedDir {
-    pub(crate) fn new(dir: PathBuf) -> Self {
-        WatchedDir { dir, watch: None }
+    pub(crate) fn new(dir: PathBuf, polled_every: Duration) -> Self {
+        WatchedDir {
+            dir,
+            watch: None,
+            polled_every,
+            warned: false,
+            open: DirWatch::new,
+        }
     }
 
     /// Resolves on the next change in the directory, or when it goes away; never while it cannot
@@ -171,9 +152,27 @@ impl WatchedDir {
     /// Keeping one instance and retrying only `add_watch` would also avoid that, but would hold
     /// a descriptor for nothing on such nodes, and after a deletion would have to tell the old
     /// watch's queued events from the new one's.
+    /// A dir that is there but cannot be watched (out of inotify instances or watches, say) is
+    /// only polled: that is said once, until a watch works again.
     fn rearm(&mut self) {
-        if self.watch.is_none() && self.dir.is_dir() {
-            self.watch = DirWatch::new(&self.dir).ok();
+        if self.watch.is_some() || !self.dir.is_dir() {
+            return;
+        }
+        match (self.open)(&self.dir) {
+            Ok(watch) => {
+                self.watch = Some(watch);
+                self.warned = false;
+            }
+            Err(err) if !self.warned => {
+                tracing::warn!(
+                    dir = %self.dir.display(),
+                    error = %err,
+                    "cannot watch the directory with inotify; polling it every {} instead",
+                    humantime::format_duration(self.polled_every)
+                );
+                self.warned = true;
+            }
+            Err(_) => {}
         }
     }
 }
@@ -194,7 +193,7 @@ pub(crate) fn inotify_inits() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::sync::{Arc, Mutex};
     use tokio::time::timeout;
 
     /// Whether `changed`, called before `change`, resolves soon after it.
@@ -217,7 +216,7 @@ mod tests {
     async fn a_missing_dir_is_retried_without_a_descriptor_and_watched_once_it_exists() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("infiniband");
-        let mut watched = WatchedDir::new(dir.clone());
+        let mut watched = WatchedDir::new(dir.clone(), Duration::from_secs(5));
         assert_eq!(idle_passes(&mut watched, 100).await, 0, "a missing dir");
 
         let inits = inotify_inits();
@@ -242,5 +241,88 @@ mod tests {
             2,
             "the recreated dir is watched anew"
         );
+    }
+
+    /// What the code under test logs, as text.
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Log {
+        /// Captures what this thread logs until the guard is dropped.
+        fn capture(&self) -> tracing::subscriber::DefaultGuard {
+            let log = self.clone();
+            tracing::subscriber::set_default(
+                tracing_subscriber::fmt()
+                    .with_writer(move || log.clone())
+                    .with_ansi(false)
+                    .finish(),
+            )
+        }
+
+        fn warnings(&self) -> Vec<String> {
+            String::from_utf8(self.0.lock().unwrap().clone())
+                .unwrap()
+                .lines()
+                .filter(|line| line.contains("WARN"))
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    fn out_of_inotify_instances(_: &Path) -> io::Result<DirWatch> {
+        Err(nix::errno::Errno::EMFILE.into())
+    }
+
+    #[tokio::test]
+    async fn a_dir_inotify_cannot_watch_is_left_to_the_rescans_and_said_so_once() {
+        let log = Log::default();
+        let _capture = log.capture();
+        let root = tempfile::tempdir().unwrap();
+        let mut watched = WatchedDir::new(root.path().to_owned(), Duration::from_secs(5));
+        watched.open = out_of_inotify_instances;
+        for pass in 0..3 {
+            let node = root.path().join(format!("uverbs{pass}"));
+            let changed = watched.changed();
+            std::fs::write(&node, b"").unwrap();
+            assert!(
+                timeout(Duration::from_millis(50), changed).await.is_err(),
+                "a change with no watch"
+            );
+        }
+        let warnings = log.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        let dir = root.path().display().to_string();
+        for part in [
+            "cannot watch the directory with inotify; polling it every 5s instead",
+            &dir,
+            "Too many open files",
+        ] {
+            assert!(warnings[0].contains(part), "{part:?} in {}", warnings[0]);
+        }
+
+        // Once inotify works again, changes wake the rescan, and a later failure is said again.
+        watched.open = DirWatch::new;
+        assert!(
+            fires(&mut watched, || std::fs::remove_file(
+                root.path().join("uverbs0")
+            ))
+            .await
+        );
+        assert!(fires(&mut watched, || std::fs::remove_dir_all(root.path())).await);
+        std::fs::create_dir(root.path()).unwrap();
+        watched.open = out_of_inotify_instances;
+        assert!(timeout(Duration::ZERO, watched.changed()).await.is_err());
+        assert_eq!(log.warnings().len(), 2);
     }
 }

@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::discovery::{self, DevNum, DeviceIdStrategy, Efa, ListingError, Problem, Reads};
 use crate::fsread;
-use crate::fswatch::WatchedDir;
+use crate::rescan::Rescans;
 use crate::state::{Change, DeviceRecord, DeviceState, Observation, Verdict};
 
 /// Where a device's node lives on the host: `<dev-root>/infiniband/<uverbs>`.
@@ -422,16 +422,10 @@ impl Monitor {
     }
 
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
-        let mut nodes_dir = WatchedDir::new(self.dev_root.join("infiniband"));
-        let mut ticker =
-            tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-                () = nodes_dir.changed() => tokio::time::sleep(SETTLE).await,
-            }
+        let mut rescans = Rescans::every(self.interval, shutdown)
+            .watching(self.dev_root.join("infiniband"))
+            .settling(SETTLE);
+        while rescans.due().await {
             self.refresh().await;
         }
     }

@@ -21,6 +21,7 @@ pub mod lifecycle;
 pub mod list;
 pub(crate) mod nfd;
 pub mod proto;
+pub(crate) mod rescan;
 pub(crate) mod service;
 pub mod state;
 pub mod telemetry;
