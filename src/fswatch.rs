@@ -14,13 +14,21 @@ use tokio::io::unix::AsyncFd;
 /// One inotify event about an entry of the watched directory.
 #[derive(Clone, Debug)]
 pub(crate) struct DirEvent {
-    pub name: Option<OsString>,
-    pub mask: AddWatchFlags,
+    name: Option<OsString>,
+    mask: AddWatchFlags,
 }
 
 impl DirEvent {
+    /// Whether the event concerns the entry called `name`.
     pub(crate) fn is_about(&self, name: &str) -> bool {
         self.name.as_deref().is_some_and(|n| n == name)
+    }
+
+    /// Whether the entry appeared: created in the dir, or moved into it (as an atomic rename
+    /// puts a file in place).
+    pub(crate) fn is_creation(&self) -> bool {
+        self.mask
+            .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
     }
 }
 
@@ -278,6 +286,54 @@ mod tests {
                 .map(str::to_owned)
                 .collect()
         }
+    }
+
+    #[tokio::test]
+    async fn events_say_which_entry_appeared() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let mut watch = DirWatch::new(dir.path()).unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let staged = outside.path().join("kubelet.sock");
+        let mut seen = Vec::new();
+        let changes: [(&str, &dyn Fn() -> io::Result<()>); 5] = [
+            ("created", &|| std::fs::write(&socket, b"")),
+            ("chmod", &|| {
+                std::fs::set_permissions(
+                    &socket,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o600),
+                )
+            }),
+            ("removed", &|| std::fs::remove_file(&socket)),
+            ("moved in", &|| {
+                std::fs::write(&staged, b"").and_then(|()| std::fs::rename(&staged, &socket))
+            }),
+            ("other", &|| {
+                std::fs::write(dir.path().join("other.sock"), b"")
+            }),
+        ];
+        for (change, make) in changes {
+            make().unwrap();
+            let events = timeout(Duration::from_secs(5), watch.next())
+                .await
+                .unwrap()
+                .unwrap();
+            let creations = events
+                .iter()
+                .filter(|e| e.is_about("kubelet.sock") && e.is_creation())
+                .count();
+            seen.push((change, creations));
+        }
+        assert_eq!(
+            seen,
+            [
+                ("created", 1),
+                ("chmod", 0),
+                ("removed", 0),
+                ("moved in", 1),
+                ("other", 0)
+            ]
+        );
     }
 
     fn out_of_inotify_instances(_: &Path) -> io::Result<DirWatch> {

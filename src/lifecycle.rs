@@ -19,7 +19,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::Allocator;
-use crate::fswatch::{DirEvent, DirWatch};
+use crate::fswatch::DirWatch;
 use crate::proto::deviceplugin::{
     KUBELET_SOCKET, RegisterRequest, VERSION, registration_client::RegistrationClient,
 };
@@ -394,7 +394,7 @@ impl Lifecycle {
                 _ = shutdown.cancelled() => return false,
                 _ = &mut deadline => return true,
                 events = watch.next() => match events {
-                    Ok(events) if !events.iter().any(|e| e.is_about(KUBELET_SOCKET) && is_creation(e)) => {}
+                    Ok(events) if !events.iter().any(|e| e.is_about(KUBELET_SOCKET) && e.is_creation()) => {}
                     _ => return true,
                 },
             }
@@ -457,13 +457,6 @@ async fn socket_lost(watch: &mut DirWatch, generation: &Generation) {
             return;
         }
     }
-}
-
-fn is_creation(event: &DirEvent) -> bool {
-    use nix::sys::inotify::AddWatchFlags;
-    event
-        .mask
-        .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
 }
 
 /// Consecutive registrations whose stream the kubelet ended within [`STABLE_AFTER`]. A kubelet
