@@ -6,6 +6,7 @@
 
 pub mod allocation;
 pub mod app;
+pub(crate) mod backoff;
 pub(crate) mod cdi;
 pub(crate) mod competitor;
 pub mod config;
