@@ -20,7 +20,7 @@ use efa_device_plugin::proto::podresources::PodResources;
 use efa_device_plugin::state::DeviceState;
 use efa_device_plugin::state::PluginStatus;
 use efa_device_plugin::telemetry::counters::CounterFiles;
-use efa_device_plugin::telemetry::http::MAX_CONNECTIONS;
+use efa_device_plugin::telemetry::fds::MAX_CONNECTIONS;
 use efa_device_plugin::telemetry::metrics::Metrics;
 use efa_device_plugin::testkit::kubelet_stub::KubeletStub;
 use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};

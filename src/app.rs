@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use prometheus_client::metrics::counter::Counter;
 
 use crate::allocation::metrics::AllocationMetrics;
-use crate::allocation::{Allocator, Contributor, DeviceNodes, Environment};
-use crate::cdi::{self, CdiDevices, Kind, SpecSettings};
+use crate::allocation::{self, Allocator, Contributors, Delivery, DeviceSpecs};
+use crate::cdi::{self, CdiNames, Kind, SpecSettings};
 use crate::config::{DeviceListStrategy, Settings};
 use crate::conflict::Guard;
 use crate::health::{Monitor, ScanStats};
@@ -53,18 +53,28 @@ impl Plugin {
         else {
             return Ok(());
         };
+        let strategy = Strategy::of(settings)?;
+        let contributors = allocation::contributors(&settings.dev_root, &settings.allocate.env);
         let allocations = Arc::new(AllocationMetrics::default());
-        let cdi = match settings.device_list_strategy {
-            DeviceListStrategy::DeviceSpecs => None,
-            DeviceListStrategy::Cdi => Some(CdiSpec {
-                settings: SpecSettings {
-                    kind: Kind::of(&settings.resource_name).map_err(anyhow::Error::msg)?,
-                    sharing: settings.sharing,
-                    env: settings.allocate.env.clone(),
-                },
-                failures: Counter::default(),
-            }),
-        };
+        let tasks = self
+            .start_writers(settings, &strategy, &contributors, &allocations, &shutdown)
+            .await?;
+        let allocator = self.allocator(settings, strategy, contributors, allocations);
+        self.serve_kubelet(settings, allocator, tasks, shutdown)
+            .await
+    }
+
+    /// Starts every task that keeps a view current: the snapshot's writers, the files derived
+    /// from it and the metrics endpoint. Each view is filled once before it returns, so the
+    /// kubelet never sees a device, an allocatable count or a readiness before the first scan.
+    async fn start_writers(
+        &self,
+        settings: &Settings,
+        strategy: &Strategy,
+        contributors: &Contributors,
+        allocations: &AllocationMetrics,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Tasks> {
         let mut monitor = Monitor::new(
             settings.sysfs_root.clone(),
             settings.dev_root.clone(),
@@ -79,18 +89,22 @@ impl Plugin {
             let endpoint = self
                 .endpoint(
                     settings,
-                    &allocations,
-                    cdi.as_ref().map(|spec| spec.failures.clone()),
+                    allocations,
+                    strategy.cdi_failures(),
                     monitor.stats(),
                     address,
-                    &shutdown,
+                    shutdown,
                 )
                 .await?;
             tasks.spawn("metrics endpoint", endpoint);
         }
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
-        crate::service::check_sharing_fits(&self.state.current(), settings.sharing, cdi.is_some())?;
+        crate::service::check_sharing_fits(
+            &self.state.current(),
+            settings.sharing,
+            matches!(strategy, Strategy::Cdi { .. }),
+        )?;
         tasks.spawn("health monitor", monitor.run(shutdown.clone()));
         if let Some(guard) = self.start_guard(settings).await {
             tasks.spawn("DRA-conflict guard", guard.run(shutdown.clone()));
@@ -129,49 +143,61 @@ impl Plugin {
                 ),
             );
         }
-        // The env goes into every Allocate answer in both modes: in cdi mode the spec's container
-        // edits carry it as well, and the kubelet's checkpoint then records it either way.
-        let environment = Box::new(Environment {
-            env: settings.allocate.env.clone(),
-        });
-        let contributors: Vec<Box<dyn Contributor>> = match cdi {
-            None => vec![
-                Box::new(DeviceNodes {
-                    dev_root: settings.dev_root.clone(),
-                }),
-                environment,
-            ],
-            Some(spec) => {
-                let contributor = CdiDevices {
-                    kind: spec.settings.kind.clone(),
-                };
-                // The writer's first attempt runs at the lifecycle's first await, on this one
-                // runtime thread: before the kubelet can even register, let alone allocate.
-                tasks.spawn(
-                    "CDI spec writer",
-                    cdi::run(
-                        settings.cdi_spec_dir.clone(),
-                        spec.settings,
-                        settings.rescan_interval,
-                        spec.failures,
-                        self.state.reader(),
-                        self.spec_still_needed(settings),
-                        shutdown.clone(),
-                    ),
-                );
-                vec![Box::new(contributor), environment]
-            }
+        if let Strategy::Cdi { kind, failures } = strategy {
+            // The writer's first attempt runs at the lifecycle's first await, on this one
+            // runtime thread: before the kubelet can even register, let alone allocate.
+            tasks.spawn(
+                "CDI spec writer",
+                cdi::run(
+                    settings.cdi_spec_dir.clone(),
+                    SpecSettings {
+                        kind: kind.clone(),
+                        sharing: settings.sharing,
+                        contributors: contributors.clone(),
+                    },
+                    settings.rescan_interval,
+                    failures.clone(),
+                    self.state.reader(),
+                    self.spec_still_needed(settings),
+                    shutdown.clone(),
+                ),
+            );
+        }
+        Ok(tasks)
+    }
+
+    /// The Allocate side: what the contributors give a container, delivered by the strategy.
+    fn allocator(
+        &self,
+        settings: &Settings,
+        strategy: Strategy,
+        contributors: Contributors,
+        allocations: Arc<AllocationMetrics>,
+    ) -> Allocator {
+        let delivery: Box<dyn Delivery> = match strategy {
+            Strategy::DeviceSpecs => Box::new(DeviceSpecs),
+            Strategy::Cdi { kind, .. } => Box::new(CdiNames { kind }),
         };
+        Allocator::new(delivery, contributors)
+            .with_sharing(settings.sharing)
+            .with_metrics(allocations)
+            .with_holdings(self.holdings.subscribe())
+    }
+
+    /// Registers with the kubelet and serves it until shutdown or until a task fails, which
+    /// stops the rest.
+    async fn serve_kubelet(
+        &self,
+        settings: &Settings,
+        allocator: Allocator,
+        mut tasks: Tasks,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<()> {
         let lifecycle = Lifecycle {
             dir: settings.device_plugin_dir.clone(),
             resource_name: settings.resource_name.clone(),
             state: self.state.reader(),
-            allocator: Arc::new(
-                Allocator::new(contributors)
-                    .with_sharing(settings.sharing)
-                    .with_metrics(allocations)
-                    .with_holdings(self.holdings.subscribe()),
-            ),
+            allocator: Arc::new(allocator),
             status: self.status.clone(),
         };
         let registration = lifecycle.run(shutdown.clone());
@@ -320,10 +346,29 @@ fn panic_message(err: tokio::task::JoinError) -> String {
         .unwrap_or_else(|| "panicked".to_owned())
 }
 
-/// The cdi strategy's spec file, before its writer starts.
-struct CdiSpec {
-    settings: SpecSettings,
-    failures: Counter,
+/// The device-list strategy, with the cdi one's spec kind and write-failure counter.
+enum Strategy {
+    DeviceSpecs,
+    Cdi { kind: Kind, failures: Counter },
+}
+
+impl Strategy {
+    fn of(settings: &Settings) -> anyhow::Result<Strategy> {
+        Ok(match settings.device_list_strategy {
+            DeviceListStrategy::DeviceSpecs => Strategy::DeviceSpecs,
+            DeviceListStrategy::Cdi => Strategy::Cdi {
+                kind: Kind::of(&settings.resource_name).map_err(anyhow::Error::msg)?,
+                failures: Counter::default(),
+            },
+        })
+    }
+
+    fn cdi_failures(&self) -> Option<Counter> {
+        match self {
+            Strategy::DeviceSpecs => None,
+            Strategy::Cdi { failures, .. } => Some(failures.clone()),
+        }
+    }
 }
 
 impl Default for Plugin {

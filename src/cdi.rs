@@ -3,13 +3,13 @@
 //! Allocate then answers CDI device names (`vpc.amazonaws.com/efa=0000:10:1b.0`); the kubelet
 //! hands them to the runtime through CRI, and the runtime looks each name up in the spec files of
 //! its CDI dirs and applies the device's edits: here, its uverbs node with the major:minor read
-//! from sysfs. The spec's own edits carry `allocate.env`, applied once to any container that gets
-//! one of the devices.
+//! from sysfs. The spec carries what [`crate::allocation::contributors`] add: per-device edits in
+//! each device's entry, per-container edits (`allocate.env`) in the spec's own edits, which the
+//! runtime applies once to any container that gets one of the devices.
 //!
 //! The module owns the spec file: one file per resource, `<vendor>-<class>.json` in the spec dir,
 //! rewritten through [`HostFile`] whenever the devices it describes change.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::sharing::Sharing;
-use crate::allocation::{Allocated, CONTAINER_NODE_DIR, Contributor};
+use crate::allocation::{self, Allocated, Contributors, Delivery};
 use crate::hostfile::{HostFile, KeepOnExit};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
 use crate::state::{DeviceReader, Holdings, Inventory};
@@ -127,15 +127,48 @@ struct Spec {
 #[serde(rename_all = "camelCase")]
 struct Device {
     name: String,
-    container_edits: DeviceEdits,
+    container_edits: Edits,
 }
 
 #[derive(Serialize)]
 #[serde(rename_all = "camelCase")]
-struct DeviceEdits {
-    device_nodes: [DeviceNode; 1],
+struct Edits {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    env: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    device_nodes: Vec<DeviceNode>,
 }
 
+impl Edits {
+    fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.device_nodes.is_empty()
+    }
+}
+
+impl From<allocation::Edits> for Edits {
+    fn from(edits: allocation::Edits) -> Self {
+        Edits {
+            env: edits
+                .env
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect(),
+            device_nodes: edits
+                .device_nodes
+                .into_iter()
+                .map(|node| DeviceNode {
+                    path: node.container_path,
+                    kind: "c",
+                    major: node.dev.major,
+                    minor: node.dev.minor,
+                    permissions: node.permissions,
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The host path is left out: CDI takes the node from `major:minor` at `path`.
 #[derive(Serialize)]
 struct DeviceNode {
     path: String,
@@ -146,23 +179,12 @@ struct DeviceNode {
     permissions: &'static str,
 }
 
-#[derive(Serialize)]
-struct Edits {
-    env: Vec<String>,
-}
-
-impl Edits {
-    fn is_empty(&self) -> bool {
-        self.env.is_empty()
-    }
-}
-
-/// What the spec says, besides the devices.
-#[derive(Clone, Debug)]
+/// What the spec says: its kind, the IDs it names each device by, and what the devices bring.
+#[derive(Clone)]
 pub(crate) struct SpecSettings {
     pub kind: Kind,
     pub sharing: Sharing,
-    pub env: BTreeMap<String, String>,
+    pub contributors: Contributors,
 }
 
 /// The spec for `inventory`: every device the kubelet is told about, healthy or not (a container
@@ -176,15 +198,7 @@ pub(crate) fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<S
             let efa = &record.efa;
             settings.sharing.advertised(&efa.id).map(|id| Device {
                 name: device_name(&id),
-                container_edits: DeviceEdits {
-                    device_nodes: [DeviceNode {
-                        path: format!("{CONTAINER_NODE_DIR}/{}", efa.uverbs),
-                        kind: "c",
-                        major: efa.dev.major,
-                        minor: efa.dev.minor,
-                        permissions: "rw",
-                    }],
-                },
+                container_edits: settings.contributors.device_edits(efa).into(),
             })
         })
         .collect();
@@ -195,13 +209,7 @@ pub(crate) fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<S
         cdi_version: version(&settings.kind, &devices),
         kind: settings.kind.to_string(),
         devices,
-        container_edits: Edits {
-            env: settings
-                .env
-                .iter()
-                .map(|(key, value)| format!("{key}={value}"))
-                .collect(),
-        },
+        container_edits: settings.contributors.container_edits().into(),
     };
     let mut text = serde_json::to_string_pretty(&spec).ok()?;
     text.push('\n');
@@ -252,18 +260,25 @@ pub(crate) fn still_needed(holdings: &Holdings) -> Option<String> {
     (holders > 0).then(|| format!("{holders} container(s) hold EFAs and may restart"))
 }
 
-/// Answers each allocated EFA by its CDI name and nothing else: the runtime takes the node (and
-/// the environment) from the spec.
-pub(crate) struct CdiDevices {
+/// The cdi strategy's answer: each allocated EFA by its CDI name, for the runtime to take the
+/// EFA's edits from the spec. The per-container environment goes into the answer too, so the
+/// kubelet's checkpoint records it as it does with device-specs.
+pub(crate) struct CdiNames {
     pub kind: Kind,
 }
 
-impl Contributor for CdiDevices {
-    fn contribute(&self, devices: &[Allocated], response: &mut ContainerAllocateResponse) {
-        for device in devices {
-            response.cdi_devices.push(CdiDevice {
+impl Delivery for CdiNames {
+    fn answer(&self, devices: &[Allocated], from: &Contributors) -> ContainerAllocateResponse {
+        let cdi_devices = devices
+            .iter()
+            .map(|device| CdiDevice {
                 name: self.kind.qualified(&device_name(device.id)),
-            });
+            })
+            .collect();
+        ContainerAllocateResponse {
+            cdi_devices,
+            envs: from.container_edits().env.into_iter().collect(),
+            ..Default::default()
         }
     }
 }
@@ -271,18 +286,21 @@ impl Contributor for CdiDevices {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::discovery::DeviceIdStrategy;
+    use crate::allocation::{Allocator, Contributor, DeviceSpecs};
+    use crate::discovery::{DeviceIdStrategy, Efa};
+    use crate::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
     use crate::testkit::simulate::{self, Shape, inventory};
     use std::num::NonZeroU32;
 
     fn settings(replicas: u32, env: &[(&str, &str)]) -> SpecSettings {
+        let env = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
         SpecSettings {
             kind: Kind::of("vpc.amazonaws.com/efa").unwrap(),
             sharing: Sharing::replicas(NonZeroU32::new(replicas).unwrap()),
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            contributors: allocation::contributors(Path::new("/dev"), &env),
         }
     }
 
@@ -403,6 +421,75 @@ mod tests {
         assert_eq!(
             parse(&render(&inventory(Shape::P4d), &dotted))["cdiVersion"],
             "0.6.0"
+        );
+    }
+
+    /// A contributor says what it adds per EFA and per container, and nothing of strategies;
+    /// the one list of them (`allocation::contributors` in the plugin) feeds the device-specs
+    /// answer, the cdi answer and the CDI spec alike.
+    struct Marker;
+
+    impl Contributor for Marker {
+        fn device_edits(&self, efa: &Efa, edits: &mut allocation::Edits) {
+            edits
+                .env
+                .insert(format!("MARK_{}", efa.uverbs), efa.id.clone());
+        }
+
+        fn container_edits(&self, edits: &mut allocation::Edits) {
+            edits.env.insert("MARKED".into(), "yes".into());
+        }
+    }
+
+    #[test]
+    fn a_new_contributor_reaches_both_strategies() {
+        let contributors = Contributors::new(vec![Box::new(Marker)]);
+        let kind = Kind::of("vpc.amazonaws.com/efa").unwrap();
+        let inventory = inventory(Shape::P4d);
+        let request = AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: vec!["rdmap16s27".into()],
+            }],
+        };
+        let answer = |delivery: Box<dyn Delivery>| {
+            Allocator::new(delivery, contributors.clone())
+                .allocate(&inventory, &request)
+                .unwrap()
+                .container_responses
+                .remove(0)
+        };
+
+        let device_specs = answer(Box::new(DeviceSpecs));
+        assert_eq!(device_specs.envs["MARK_uverbs0"], "rdmap16s27");
+        assert_eq!(device_specs.envs["MARKED"], "yes");
+
+        let cdi = answer(Box::new(CdiNames { kind: kind.clone() }));
+        assert_eq!(cdi.cdi_devices[0].name, "vpc.amazonaws.com/efa=rdmap16s27");
+        assert_eq!(
+            cdi.envs.len(),
+            1,
+            "the EFA's own edits are the spec's: {cdi:?}"
+        );
+        assert_eq!(cdi.envs["MARKED"], "yes");
+        let settings = SpecSettings {
+            kind,
+            sharing: Sharing::default(),
+            contributors,
+        };
+        let spec = parse(&render(&inventory, &settings));
+        assert_eq!(
+            spec["containerEdits"],
+            serde_json::json!({"env": ["MARKED=yes"]})
+        );
+        let device = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == "rdmap16s27")
+            .unwrap();
+        assert_eq!(
+            device["containerEdits"],
+            serde_json::json!({"env": ["MARK_uverbs0=rdmap16s27"]})
         );
     }
 }

@@ -80,6 +80,13 @@ pub struct Efa {
     pub device: String,
 }
 
+impl Efa {
+    /// Where the device's node lives on the host: `<dev-root>/infiniband/<uverbs>`.
+    pub fn node_path(&self, dev_root: &Path) -> PathBuf {
+        dev_root.join("infiniband").join(&self.uverbs)
+    }
+}
+
 /// An `infiniband` entry that looked like an EFA but could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {

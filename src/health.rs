@@ -20,18 +20,13 @@ use crate::fsread;
 use crate::rescan::Rescans;
 use crate::state::{Change, DeviceRecord, DeviceState, Observation, Verdict};
 
-/// Where a device's node lives on the host: `<dev-root>/infiniband/<uverbs>`.
-pub fn node_path(dev_root: &Path, uverbs: &str) -> PathBuf {
-    dev_root.join("infiniband").join(uverbs)
-}
-
 /// Judges one device that the scan found (so it is in sysfs and bound to `efa`): only a
 /// character device with sysfs' `major:minor` is Healthy. The node becomes a `host_path` the
 /// runtime hands to containers, and a directory there would give them every node below it.
 /// `regular_files` also accepts an empty regular file, for a simulated node made without
 /// `CAP_MKNOD`; it is a test-only switch.
 pub(crate) fn assess(efa: &Efa, dev_root: &Path, regular_files: bool) -> Verdict {
-    let path = node_path(dev_root, &efa.uverbs);
+    let path = efa.node_path(dev_root);
     let meta = match std::fs::symlink_metadata(&path) {
         Ok(meta) => meta,
         Err(err) if err.kind() == io::ErrorKind::NotFound => {

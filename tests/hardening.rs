@@ -17,8 +17,8 @@ use support::{Harness, eventually, fds_and_tasks, sample};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-/// The endpoint's connection cap (`telemetry::http::MAX_CONNECTIONS`).
-const CAP: usize = efa_device_plugin::telemetry::http::MAX_CONNECTIONS;
+/// The endpoint's connection cap (`telemetry::fds::MAX_CONNECTIONS`).
+const CAP: usize = efa_device_plugin::telemetry::fds::MAX_CONNECTIONS;
 
 fn health_of(h: &Harness, id: &str) -> Option<String> {
     h.kubelet

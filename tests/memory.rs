@@ -33,7 +33,7 @@ async fn the_connection_cap_of_scrapes_naming_the_longest_pods_stays_small() {
     let _stub = PodResourcesStub::start(&socket, pods).unwrap();
     shared_p5(&mut h, &[]).await;
     let address = h.metrics_address().await;
-    let cap = efa_device_plugin::telemetry::http::MAX_CONNECTIONS;
+    let cap = efa_device_plugin::telemetry::fds::MAX_CONNECTIONS;
     for _ in 0..3 {
         // The last round's slots are given back once the plugin has closed its connections.
         tokio::time::sleep(Duration::from_millis(300)).await;

@@ -1,6 +1,12 @@
-//! The crate's top-level modules depend on each other in one direction only, and the product
-//! never reaches into the test kit, apart from the demo. Both are read from the source, so a new `use` that closes a
-//! cycle fails here, named, before anyone has to untangle it.
+//! The crate's modules, at every depth, depend on each other in one direction only, and the
+//! product never reaches into the test kit, apart from the demo. Both are read from the source,
+//! so a new `use` that closes a cycle fails here, named, before anyone has to untangle it.
+//!
+//! A module is a path such as `telemetry::fds`. Its non-test code names another module through
+//! `crate::`, `super::`, `self::` or the name of one of its own submodules; the name resolves to
+//! the longest module path it starts with, so `super::http::MAX` in `telemetry::fds` is an edge
+//! to `telemetry::http`. Run with `--nocapture` to see each module's floor: 0 for a module that
+//! names none of the others, else one above the highest module it names.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -10,25 +16,33 @@ const TEST_KIT: &str = "testkit";
 /// the image build leaves off.
 const DEMO: &str = "demo";
 
-/// Top-level module -> the top-level modules its non-test code names through `crate::`.
+/// Module path -> the module paths its non-test code names.
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
 #[test]
-fn top_level_modules_form_no_cycle() {
-    let graph = graph(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").as_path());
-    assert!(graph.len() > 10, "the source was not found: {graph:?}");
+fn modules_form_no_cycle_at_any_depth() {
+    let graph = crate_graph();
     if let Some(cycle) = find_cycle(&graph) {
         panic!("import cycle between modules: {}", cycle.join(" -> "));
     }
+    let floors = floors(&graph);
+    for (floor, modules) in floors.iter().enumerate() {
+        println!("floor {floor}: {}", modules.join(" "));
+    }
+    assert_eq!(
+        floors.iter().map(Vec::len).sum::<usize>(),
+        graph.len(),
+        "every module stands on a floor"
+    );
 }
 
 #[test]
 fn the_product_never_uses_the_test_kit() {
-    let graph = graph(Path::new(env!("CARGO_MANIFEST_DIR")).join("src").as_path());
+    let graph = crate_graph();
     let users: Vec<&String> = graph
         .iter()
         .filter(|(module, uses)| {
-            ![TEST_KIT, DEMO].contains(&module.as_str()) && uses.contains(TEST_KIT)
+            ![TEST_KIT, DEMO].contains(&top(module)) && uses.iter().any(|m| top(m) == TEST_KIT)
         })
         .map(|(module, _)| module)
         .collect();
@@ -38,50 +52,124 @@ fn the_product_never_uses_the_test_kit() {
     );
 }
 
+/// Allocate answers from the snapshot alone: the kubelet waits on it with no deadline.
 #[test]
-fn the_check_sees_cycles_and_skips_test_code() {
-    let mut graph = Graph::new();
-    let mut add = |module: &str, source: &str| {
-        graph.insert(module.to_owned(), uses(&strip_test_code(source), module));
-    };
-    add(
-        "a",
-        "use crate::b::X;\n#[cfg(test)]\nmod tests { use crate::c::Y; }\n",
-    );
-    add(
-        "b",
-        "use crate::{c::Z, d};\nfn f() { let _ = \"}\"; crate::a::g(); }",
-    );
-    add("c", "// crate::a is only mentioned\n");
-    assert_eq!(graph["a"], BTreeSet::from(["b".to_owned()]));
-    assert_eq!(
-        find_cycle(&graph),
-        Some(vec!["a".into(), "b".into(), "a".into()])
-    );
-    graph.get_mut("b").unwrap().remove("a");
-    assert_eq!(find_cycle(&graph), None);
+fn allocation_does_no_io() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let io = ["std::fs", "tokio::fs", "std::process", "tokio::net"];
+    let io_modules = ["fsread", "fswatch", "hostfile", "uds"];
+    let graph = crate_graph();
+    for (module, uses) in graph.iter().filter(|(m, _)| top(m) == "allocation") {
+        let named: Vec<&String> = uses
+            .iter()
+            .filter(|m| io_modules.contains(&top(m)))
+            .collect();
+        assert!(named.is_empty(), "{module} uses I/O modules {named:?}");
+    }
+    for file in rust_files(&src.join("allocation")) {
+        let code = strip_test_code(&std::fs::read_to_string(&file).unwrap());
+        for path in io {
+            assert!(!code.contains(path), "{} names {path}", file.display());
+        }
+    }
 }
 
-fn graph(src: &Path) -> Graph {
-    let mut graph = Graph::new();
-    for file in rust_files(src) {
-        let relative = file.strip_prefix(src).unwrap();
-        let top = relative
-            .components()
-            .next()
-            .unwrap()
-            .as_os_str()
-            .to_string_lossy()
-            .trim_end_matches(".rs")
-            .to_owned();
-        if top == "lib" || top == "main" {
-            continue;
-        }
-        let source = std::fs::read_to_string(&file).unwrap();
-        let found = uses(&strip_test_code(&source), &top);
-        graph.entry(top).or_default().extend(found);
+#[test]
+fn the_check_sees_cycles_inside_folders_and_skips_test_code() {
+    let modules: BTreeSet<String> = ["a", "b", "c", "t", "t::x", "t::y", "t::y::z"]
+        .map(str::to_owned)
+        .into();
+    let edges = |module: &str, source: &str| uses(&strip_test_code(source), module, &modules);
+    assert_eq!(
+        edges(
+            "a",
+            "use crate::b::X;\n#[cfg(test)]\nmod tests { use crate::c::Y; }\n"
+        ),
+        BTreeSet::from(["b".to_owned()])
+    );
+    assert_eq!(
+        edges(
+            "b",
+            "use crate::{c::Z, t::{self, y::z::W}};\nfn f() { let _ = \"}\"; crate::a::g(); }"
+        ),
+        ["a", "c", "t", "t::y::z"].map(str::to_owned).into()
+    );
+    assert_eq!(
+        edges("c", "// crate::a is only mentioned\n"),
+        BTreeSet::new()
+    );
+    // Inside a folder: through super::, self::, a submodule's own name, and super::super::.
+    assert_eq!(
+        edges("t::x", "use super::y::Z;\nfn f() { std::y::g(); }"),
+        BTreeSet::from(["t::y".to_owned()])
+    );
+    assert_eq!(
+        edges("t", "use y::z::W;\nuse self::x::V;\nfn f() { a::b(); }"),
+        ["t::x", "t::y::z"].map(str::to_owned).into()
+    );
+    assert_eq!(
+        edges("t::y::z", "use super::super::{x, Top};"),
+        ["t", "t::x"].map(str::to_owned).into()
+    );
+
+    let mut graph: Graph = modules
+        .iter()
+        .map(|m| (m.clone(), BTreeSet::new()))
+        .collect();
+    let link = |graph: &mut Graph, from: &str, to: &str| {
+        graph.get_mut(from).unwrap().insert(to.to_owned());
+    };
+    link(&mut graph, "t::x", "t::y");
+    link(&mut graph, "t::y", "t::y::z");
+    assert_eq!(find_cycle(&graph), None);
+    assert_eq!(floors(&graph)[2], vec!["t::x".to_owned()]);
+    link(&mut graph, "t::y::z", "t::x");
+    assert_eq!(
+        find_cycle(&graph),
+        Some(
+            ["t::x", "t::y", "t::y::z", "t::x"]
+                .map(str::to_owned)
+                .into()
+        )
+    );
+}
+
+fn crate_graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files: BTreeMap<String, std::path::PathBuf> = rust_files(&src)
+        .into_iter()
+        .filter_map(|file| Some((module_path(file.strip_prefix(&src).unwrap())?, file)))
+        .collect();
+    assert!(files.len() > 20, "the source was not found: {files:?}");
+    let modules: BTreeSet<String> = files.keys().cloned().collect();
+    files
+        .iter()
+        .map(|(module, file)| {
+            let code = strip_test_code(&std::fs::read_to_string(file).unwrap());
+            (module.clone(), uses(&code, module, &modules))
+        })
+        .collect()
+}
+
+/// `telemetry/fds.rs` -> `telemetry::fds`, `telemetry/mod.rs` -> `telemetry`; the crate roots
+/// `lib.rs` and `main.rs` only declare and start modules, so they are none.
+fn module_path(relative: &Path) -> Option<String> {
+    let mut parts: Vec<String> = relative
+        .with_extension("")
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|last| last == "mod") {
+        parts.pop();
     }
-    graph
+    match parts.as_slice() {
+        [only] if only == "lib" || only == "main" => None,
+        _ => Some(parts.join("::")),
+    }
+}
+
+fn top(module: &str) -> &str {
+    module.split("::").next().unwrap()
 }
 
 fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
@@ -97,33 +185,117 @@ fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
     files
 }
 
-/// The modules named as `crate::name` or inside `crate::{name, other::…}`, other than `own`.
-fn uses(code: &str, own: &str) -> BTreeSet<String> {
+/// The modules other than `own` that `code` names, each resolved to the longest module path
+/// the named path starts with.
+fn uses(code: &str, own: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
+    let own_path: Vec<&str> = own.split("::").collect();
+    let children: BTreeSet<&str> = modules
+        .iter()
+        .filter_map(|m| m.strip_prefix(own)?.strip_prefix("::"))
+        .filter(|rest| !rest.contains("::"))
+        .collect();
     let mut found = BTreeSet::new();
-    for (at, _) in code.match_indices("crate::") {
-        let rest = &code[at + "crate::".len()..];
-        let names: Vec<&str> = match rest.strip_prefix('{') {
-            Some(group) => {
-                let group = &group[..group.find('}').unwrap_or(group.len())];
-                group
-                    .split(',')
-                    .filter_map(|item| item.trim().split("::").next())
-                    .collect()
-            }
-            None => vec![
-                rest.split(|c: char| !c.is_alphanumeric() && c != '_')
-                    .next()
-                    .unwrap(),
-            ],
+    for (at, word) in path_starts(code) {
+        let base: Vec<&str> = match word {
+            "crate" => Vec::new(),
+            "self" => own_path.clone(),
+            "super" => own_path[..own_path.len().saturating_sub(1)].to_vec(),
+            child if children.contains(child) => [own_path.as_slice(), &[child]].concat(),
+            _ => continue,
         };
-        found.extend(
-            names
-                .into_iter()
-                .filter(|name| !name.is_empty() && *name != own && *name != "self")
-                .map(str::to_owned),
-        );
+        let rest = &code[at + word.len() + "::".len()..];
+        for named in use_tree(rest, &base) {
+            if let Some(module) = (1..=named.len())
+                .rev()
+                .map(|n| named[..n].join("::"))
+                .find(|prefix| modules.contains(prefix))
+                && module != own
+            {
+                found.insert(module);
+            }
+        }
     }
     found
+}
+
+/// Each word that starts a path (`word::`, not preceded by `::` or part of a longer word), with
+/// where it starts.
+fn path_starts(code: &str) -> impl Iterator<Item = (usize, &str)> {
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    code.match_indices("::").filter_map(move |(end, _)| {
+        let start = code[..end]
+            .rfind(|c: char| !is_word(c))
+            .map_or(0, |i| i + 1);
+        let before = code[..start].trim_end();
+        (start < end && !before.ends_with("::")).then(|| (start, &code[start..end]))
+    })
+}
+
+/// The paths named by the use tree at the start of `text`, below `base`: `a::b`, `a::{b, c::d}`
+/// with nested groups, and `self` in a group for the group's own path. `super` inside a path
+/// climbs.
+fn use_tree(text: &str, base: &[&str]) -> Vec<Vec<String>> {
+    let mut path: Vec<String> = base.iter().map(|s| (*s).to_owned()).collect();
+    let mut rest = text;
+    loop {
+        rest = rest.trim_start();
+        if let Some(group) = rest.strip_prefix('{') {
+            let inner = &group[..matching_brace(group)];
+            let segments: Vec<&str> = path.iter().map(String::as_str).collect();
+            return split_top_level(inner)
+                .into_iter()
+                .flat_map(|item| match item.trim() {
+                    "self" => vec![path.clone()],
+                    item => use_tree(item, &segments),
+                })
+                .collect();
+        }
+        let word_end = rest
+            .find(|c: char| !c.is_alphanumeric() && c != '_')
+            .unwrap_or(rest.len());
+        match &rest[..word_end] {
+            "" => return vec![path],
+            "super" => {
+                path.pop();
+            }
+            word => path.push(word.to_owned()),
+        }
+        match rest[word_end..].strip_prefix("::") {
+            Some(next) => rest = next,
+            None => return vec![path],
+        }
+    }
+}
+
+/// Where the group that `text` is the inside of closes.
+fn matching_brace(text: &str) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => return i,
+            '}' => depth -= 1,
+            _ => {}
+        }
+    }
+    text.len()
+}
+
+fn split_top_level(group: &str) -> Vec<&str> {
+    let (mut items, mut depth, mut start) = (Vec::new(), 0usize, 0);
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&group[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&group[start..]);
+    items.into_iter().filter(|i| !i.trim().is_empty()).collect()
 }
 
 /// The code without comments, string contents and `#[cfg(test)]` items, which may use anything.
@@ -231,4 +403,30 @@ fn find_cycle(graph: &Graph) -> Option<Vec<String>> {
     graph
         .keys()
         .find_map(|module| visit(module, graph, &mut Vec::new(), &mut done))
+}
+
+/// The modules on each floor, lowest first, for an acyclic graph.
+fn floors(graph: &Graph) -> Vec<Vec<String>> {
+    fn floor(module: &str, graph: &Graph, known: &mut BTreeMap<String, usize>) -> usize {
+        if let Some(&floor) = known.get(module) {
+            return floor;
+        }
+        let uses = graph.get(module).into_iter().flatten();
+        let floor = uses
+            .map(|next| floor(next, graph, known) + 1)
+            .max()
+            .unwrap_or(0);
+        known.insert(module.to_owned(), floor);
+        floor
+    }
+    let mut known = BTreeMap::new();
+    let mut floors: Vec<Vec<String>> = Vec::new();
+    for module in graph.keys() {
+        let at = floor(module, graph, &mut known);
+        if floors.len() <= at {
+            floors.resize(at + 1, Vec::new());
+        }
+        floors[at].push(module.clone());
+    }
+    floors
 }

@@ -4,13 +4,13 @@
 
 #![no_main]
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::num::NonZeroU32;
-use std::path::PathBuf;
+use std::path::Path;
 
 use arbitrary::Arbitrary;
 use efa_device_plugin::allocation::sharing::Sharing;
-use efa_device_plugin::allocation::{Allocator, DeviceNodes};
+use efa_device_plugin::allocation::{self, Allocator, DeviceSpecs};
 use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
     PreferredAllocationRequest,
@@ -93,10 +93,8 @@ fuzz_target!(|input: Input| {
     let inventory = Inventory::default().observe(records).0;
     let ids: Vec<String> = inventory.devices().map(|r| r.efa.id.clone()).collect();
     let advertised: Vec<String> = ids.iter().flat_map(|id| sharing.advertised(id)).collect();
-    let allocator = Allocator::new(vec![Box::new(DeviceNodes {
-        dev_root: PathBuf::from("/dev"),
-    })])
-    .with_sharing(sharing);
+    let contributors = allocation::contributors(Path::new("/dev"), &BTreeMap::new());
+    let allocator = Allocator::new(Box::new(DeviceSpecs), contributors).with_sharing(sharing);
 
     let request = AllocateRequest {
         container_requests: input

@@ -1,22 +1,24 @@
 //! Turns allocated device IDs into what the container runtime needs.
 //!
 //! Answers come from the in-memory snapshot only: the kubelet waits on Allocate with no deadline,
-//! so this path does no sysfs I/O. Each part of the response comes from a [`Contributor`]: the
-//! device-specs strategy composes [`DeviceNodes`] and [`Environment`], the cdi strategy
-//! [`crate::cdi::CdiDevices`] alone. Which IDs to prefer is [`preferred`]'s business; what an ID
-//! means when EFAs are shared, [`sharing`]'s.
+//! so this path does no sysfs I/O. What a container gets is said once, as [`Edits`], by the
+//! [`Contributor`]s that [`contributors`] lists: a node per allocated EFA, and `allocate.env`.
+//! A [`Delivery`] hands those edits to the runtime by the device-list strategy: [`DeviceSpecs`]
+//! puts them in the Allocate answer, [`crate::cdi`] into the CDI spec file, with an answer that
+//! names the devices. A contributor knows nothing of the strategies, so it cannot reach one and
+//! miss the other. Which IDs to prefer is [`preferred`]'s business; what an ID means when EFAs
+//! are shared, [`sharing`]'s.
 
 pub mod metrics;
 pub mod preferred;
 pub mod sharing;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::discovery::Efa;
-use crate::health::node_path;
+use crate::discovery::{DevNum, Efa};
 use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
     PreferredAllocationRequest, PreferredAllocationResponse,
@@ -46,54 +48,155 @@ pub struct Allocated<'a> {
     pub efa: &'a Efa,
 }
 
-/// Adds one aspect of the devices to a container's allocation.
-pub trait Contributor: Send + Sync {
-    fn contribute(&self, devices: &[Allocated], response: &mut ContainerAllocateResponse);
-}
-
-/// One `rw` DeviceSpec per allocated uverbs node, and nothing else of `/dev/infiniband`: exposing
-/// foreign RDMA nodes makes libfabric's EFA provider fail.
-pub struct DeviceNodes {
-    pub dev_root: PathBuf,
-}
-
-impl Contributor for DeviceNodes {
-    fn contribute(&self, devices: &[Allocated], response: &mut ContainerAllocateResponse) {
-        for Allocated { efa, .. } in devices {
-            response.devices.push(DeviceSpec {
-                container_path: format!("{CONTAINER_NODE_DIR}/{}", efa.uverbs),
-                host_path: node_path(&self.dev_root, &efa.uverbs).display().to_string(),
-                permissions: "rw".into(),
-            });
-        }
-    }
-}
-
-/// The same environment in every container: with device-specs, the kubelet passes these to the
-/// runtime as they are.
-pub(crate) struct Environment {
+/// What a container gets, in terms that both strategies can deliver.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Edits {
+    pub device_nodes: Vec<DeviceNode>,
     pub env: BTreeMap<String, String>,
 }
 
-impl Contributor for Environment {
-    fn contribute(&self, _: &[Allocated], response: &mut ContainerAllocateResponse) {
+impl Edits {
+    pub fn is_empty(&self) -> bool {
+        self.device_nodes.is_empty() && self.env.is_empty()
+    }
+
+    /// The edits as the Allocate answer carries them, for the runtime to apply as they are.
+    fn answer(self, response: &mut ContainerAllocateResponse) {
         response
-            .envs
+            .devices
+            .extend(self.device_nodes.into_iter().map(|node| DeviceSpec {
+                container_path: node.container_path,
+                host_path: node.host_path.display().to_string(),
+                permissions: node.permissions.into(),
+            }));
+        response.envs.extend(self.env);
+    }
+}
+
+/// A device node in the container. The CDI spec names it by `dev`, read from sysfs; an
+/// Allocate answer by `host_path`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceNode {
+    pub container_path: String,
+    pub host_path: PathBuf,
+    pub dev: DevNum,
+    pub permissions: &'static str,
+}
+
+/// Adds one aspect of the devices to what a container gets. Both methods are required, so a
+/// new contributor says what it adds per EFA and per container, and both strategies carry it.
+pub trait Contributor: Send + Sync {
+    /// What the container gets for each allocated EFA; the CDI spec puts it in that EFA's entry.
+    fn device_edits(&self, efa: &Efa, edits: &mut Edits);
+    /// What the container gets once, whichever EFAs it holds; the CDI spec puts it in its own
+    /// container edits, which the runtime applies once for any of the spec's devices.
+    fn container_edits(&self, edits: &mut Edits);
+}
+
+/// The contributors the Allocator and the CDI spec writer share.
+#[derive(Clone)]
+pub struct Contributors(Arc<[Box<dyn Contributor>]>);
+
+impl Contributors {
+    pub fn new(contributors: Vec<Box<dyn Contributor>>) -> Self {
+        Contributors(contributors.into())
+    }
+
+    pub fn device_edits(&self, efa: &Efa) -> Edits {
+        let mut edits = Edits::default();
+        for contributor in self.0.iter() {
+            contributor.device_edits(efa, &mut edits);
+        }
+        edits
+    }
+
+    pub fn container_edits(&self) -> Edits {
+        let mut edits = Edits::default();
+        for contributor in self.0.iter() {
+            contributor.container_edits(&mut edits);
+        }
+        edits
+    }
+}
+
+/// What every container gets, whichever the strategy: its EFAs' nodes, and `env`. The one list
+/// to extend with a new contributor; `cdi`'s tests show one reaching both strategies.
+pub fn contributors(dev_root: &Path, env: &BTreeMap<String, String>) -> Contributors {
+    Contributors::new(vec![
+        Box::new(DeviceNodes {
+            dev_root: dev_root.to_owned(),
+        }),
+        Box::new(Environment { env: env.clone() }),
+    ])
+}
+
+/// One `rw` node per allocated uverbs device, and nothing else of `/dev/infiniband`: exposing
+/// foreign RDMA nodes makes libfabric's EFA provider fail.
+struct DeviceNodes {
+    dev_root: PathBuf,
+}
+
+impl Contributor for DeviceNodes {
+    fn device_edits(&self, efa: &Efa, edits: &mut Edits) {
+        edits.device_nodes.push(DeviceNode {
+            container_path: format!("{CONTAINER_NODE_DIR}/{}", efa.uverbs),
+            host_path: efa.node_path(&self.dev_root),
+            dev: efa.dev,
+            permissions: "rw",
+        });
+    }
+
+    fn container_edits(&self, _: &mut Edits) {}
+}
+
+/// The same environment in every container.
+struct Environment {
+    env: BTreeMap<String, String>,
+}
+
+impl Contributor for Environment {
+    fn device_edits(&self, _: &Efa, _: &mut Edits) {}
+
+    fn container_edits(&self, edits: &mut Edits) {
+        edits
+            .env
             .extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+}
+
+/// How an Allocate answer hands the contributors' edits to the runtime.
+pub trait Delivery: Send + Sync {
+    fn answer(&self, devices: &[Allocated], from: &Contributors) -> ContainerAllocateResponse;
+}
+
+/// The device-specs strategy: every edit in the answer itself, which the kubelet passes to the
+/// runtime as it is.
+pub struct DeviceSpecs;
+
+impl Delivery for DeviceSpecs {
+    fn answer(&self, devices: &[Allocated], from: &Contributors) -> ContainerAllocateResponse {
+        let mut response = ContainerAllocateResponse::default();
+        for device in devices {
+            from.device_edits(device.efa).answer(&mut response);
+        }
+        from.container_edits().answer(&mut response);
+        response
     }
 }
 
 /// Serves Allocate from the current snapshot.
 pub struct Allocator {
-    contributors: Vec<Box<dyn Contributor>>,
+    delivery: Box<dyn Delivery>,
+    contributors: Contributors,
     sharing: Sharing,
     metrics: Option<Arc<AllocationMetrics>>,
     holdings: Option<watch::Receiver<Arc<Holdings>>>,
 }
 
 impl Allocator {
-    pub fn new(contributors: Vec<Box<dyn Contributor>>) -> Self {
+    pub fn new(delivery: Box<dyn Delivery>, contributors: Contributors) -> Self {
         Allocator {
+            delivery,
             contributors,
             sharing: Sharing::default(),
             metrics: None,
@@ -175,11 +278,7 @@ impl Allocator {
         let mut container_responses = Vec::with_capacity(request.container_requests.len());
         for container in &request.container_requests {
             let devices = resolve(inventory, self.sharing, &container.devices_ids)?;
-            let mut response = ContainerAllocateResponse::default();
-            for contributor in &self.contributors {
-                contributor.contribute(&devices, &mut response);
-            }
-            container_responses.push(response);
+            container_responses.push(self.delivery.answer(&devices, &self.contributors));
         }
         Ok(AllocateResponse {
             container_responses,

@@ -3,12 +3,16 @@
 //!
 //! At start the soft `RLIMIT_NOFILE` is raised to the hard limit: containerd 2.x leaves the soft
 //! limit at 1024. Of the limit, [`CORE_RESERVE`] descriptors are kept for the core and
-//! [`super::http::MAX_CONNECTIONS`] for HTTP connections; the counter cache may keep the rest
+//! [`MAX_CONNECTIONS`] for HTTP connections; the counter cache may keep the rest
 //! open, and opens per scrape past that.
 
 use nix::sys::resource::{Resource, getrlimit, setrlimit};
 
-use super::http::MAX_CONNECTIONS;
+/// At most this many HTTP connections are served at once; one more is closed as soon as it is
+/// accepted. Prometheus and the kubelet's two probes need a handful, and 64 of hyper's
+/// connections cost well under a MiB, so a flood of idle connections from any pod cannot take
+/// the descriptors or the memory the devices depend on.
+pub const MAX_CONNECTIONS: usize = 64;
 
 /// Descriptors neither HTTP connections nor the counter cache may take. The core holds a few
 /// dozen; a rescan of 256 EFAs opens one at a time.

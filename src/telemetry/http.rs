@@ -19,15 +19,10 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use super::fds::MAX_CONNECTIONS;
 use super::metrics::{self, Metrics, ScrapeBody};
 use crate::health::ScanStats;
 use crate::state::PluginStatus;
-
-/// At most this many connections are served at once; one more is closed as soon as it is
-/// accepted. Prometheus and the kubelet's two probes need a handful, and 64 of hyper's
-/// connections cost well under a MiB, so a flood of idle connections from any pod cannot take
-/// the descriptors or the memory the devices depend on.
-pub const MAX_CONNECTIONS: usize = 64;
 
 /// A client that has not sent a whole request head this long after connecting, or after its
 /// last answer on a kept-alive connection, is dropped: idle or stuck clients cannot hold a
