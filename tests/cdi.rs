@@ -6,9 +6,6 @@ mod support;
 
 use std::path::PathBuf;
 
-use efa_device_plugin::proto::deviceplugin::{
-    AllocateRequest, AllocateResponse, ContainerAllocateRequest,
-};
 use efa_device_plugin::proto::podresources::PodResources;
 use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::{self, Shape};
@@ -34,22 +31,6 @@ async fn cdi_plugin(shape: Shape, extra: &[&str]) -> Harness {
     h
 }
 
-async fn allocate(h: &Harness, containers: &[&[&str]]) -> AllocateResponse {
-    let mut client = h.kubelet.plugin().unwrap();
-    client
-        .allocate(AllocateRequest {
-            container_requests: containers
-                .iter()
-                .map(|ids| ContainerAllocateRequest {
-                    devices_ids: ids.iter().map(|s| s.to_string()).collect(),
-                })
-                .collect(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-}
-
 fn read_spec(h: &Harness) -> Option<serde_json::Value> {
     let text = std::fs::read_to_string(spec_dir(h).join(SPEC_FILE)).ok()?;
     Some(serde_json::from_str(&text).expect("the spec is JSON"))
@@ -67,7 +48,10 @@ fn spec_names(spec: &serde_json::Value) -> Vec<String> {
 #[tokio::test]
 async fn cdi_mode_answers_qualified_names_and_no_device_specs() {
     let h = cdi_plugin(Shape::P4d, &["--allocate-env", "FI_PROVIDER=efa"]).await;
-    let response = allocate(&h, &[&["rdmap16s27", "rdmap144s27"], &["rdmap160s27"]]).await;
+    let response = h
+        .allocate(&[&["rdmap16s27", "rdmap144s27"], &["rdmap160s27"]])
+        .await
+        .unwrap();
     let names: Vec<Vec<&str>> = response
         .container_responses
         .iter()
@@ -151,7 +135,7 @@ async fn env_values_with_commas_survive_the_flag_and_the_variable() {
         eventually("the spec", || read_spec(h).is_some()).await;
         let spec = read_spec(h).unwrap();
         assert_eq!(spec["containerEdits"]["env"], serde_json::json!(expected));
-        let response = allocate(h, &[&["rdmap16s27"]]).await;
+        let response = h.allocate(&[&["rdmap16s27"]]).await.unwrap();
         let mut envs: Vec<String> = response.container_responses[0]
             .envs
             .iter()
@@ -177,7 +161,10 @@ async fn device_specs_mode_adds_the_env_to_every_container() {
         "FI_EFA_USE_DEVICE_RDMA=1",
     ]);
     h.registered().await;
-    let response = allocate(&h, &[&["rdmap16s27"], &["rdmap32s27"]]).await;
+    let response = h
+        .allocate(&[&["rdmap16s27"], &["rdmap32s27"]])
+        .await
+        .unwrap();
     for container in &response.container_responses {
         let mut envs: Vec<(&str, &str)> = container
             .envs
@@ -206,7 +193,10 @@ async fn shared_efas_have_one_cdi_device_per_replica() {
     let names = spec_names(&spec);
     assert_eq!(names.len(), 8);
     assert_eq!(&names[..2], ["rdmap144s27::0", "rdmap144s27::1"]);
-    let response = allocate(&h, &[&["rdmap32s27::1", "rdmap32s27::0"]]).await;
+    let response = h
+        .allocate(&[&["rdmap32s27::1", "rdmap32s27::0"]])
+        .await
+        .unwrap();
     let container = &response.container_responses[0];
     // One EFA, one node, whichever of its replicas the kubelet handed over.
     assert_eq!(
@@ -477,8 +467,10 @@ async fn write_specs_for_validation() {
         let view = h.wait("every ID", |v| v.devices.len() == expected).await;
         let ids: Vec<&str> = view.devices.iter().map(|d| d.id.as_str()).collect();
         let containers: Vec<&[&str]> = ids.chunks(1).collect();
-        let names: Vec<String> = allocate(&h, &containers)
+        let names: Vec<String> = h
+            .allocate(&containers)
             .await
+            .unwrap()
             .container_responses
             .into_iter()
             .flat_map(|c| c.cdi_devices.into_iter().map(|d| d.name))

@@ -6,7 +6,6 @@ mod support;
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 
-use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
 use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::Shape;
 use support::{Harness, sample};
@@ -51,17 +50,7 @@ async fn a_registered_dra_driver_withholds_every_device_until_it_goes() {
         sample(&text, "efa_device_plugin_devices{health=\"unhealthy\"}"),
         Some(4.0)
     );
-    let refused = h
-        .kubelet
-        .plugin()
-        .unwrap()
-        .allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest {
-                devices_ids: vec![id.clone()],
-            }],
-        })
-        .await
-        .unwrap_err();
+    let refused = h.allocate(&[&[&id]]).await.unwrap_err();
     assert_eq!(refused.code(), Code::FailedPrecondition);
     assert!(
         refused.message().contains("dra.net"),

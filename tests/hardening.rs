@@ -9,9 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use efa_device_plugin::proto::deviceplugin::{
-    AllocateRequest, ContainerAllocateRequest, HEALTHY, UNHEALTHY,
-};
+use efa_device_plugin::proto::deviceplugin::{HEALTHY, UNHEALTHY};
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
 use support::{Harness, eventually, fds_and_tasks, sample};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -19,28 +17,6 @@ use tokio::net::TcpStream;
 
 /// The endpoint's connection cap (`telemetry::fds::MAX_CONNECTIONS`).
 const CAP: usize = efa_device_plugin::telemetry::fds::MAX_CONNECTIONS;
-
-fn health_of(h: &Harness, id: &str) -> Option<String> {
-    h.kubelet
-        .view()
-        .borrow()
-        .devices
-        .iter()
-        .find(|d| d.id == id)
-        .map(|d| d.health.clone())
-}
-
-async fn allocate(h: &Harness, id: &str) -> Result<(), tonic::Status> {
-    let mut client = h.kubelet.plugin().expect("plugin connection");
-    client
-        .allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest {
-                devices_ids: vec![id.to_owned()],
-            }],
-        })
-        .await
-        .map(drop)
-}
 
 /// Whether the server closed `stream` within `wait`.
 async fn closed_within(stream: &mut TcpStream, wait: Duration) -> bool {
@@ -84,7 +60,9 @@ async fn a_flood_of_idle_connections_is_capped_and_the_devices_never_notice() {
         "{fds_during} fds with the flood, {fds_before} before"
     );
     let efa = h.efas()[0].ibdev.clone();
-    allocate(&h, &efa).await.expect("Allocate during the flood");
+    h.allocate(&[&[&efa]])
+        .await
+        .expect("Allocate during the flood");
     let view = h.kubelet.view().borrow().clone();
     assert_eq!(view.snapshots, snapshots, "the device state changed");
     assert_eq!(view.healthy(), 4);
@@ -276,7 +254,10 @@ async fn a_fifo_in_sysfs_marks_only_its_device_and_sigterm_still_ends_the_plugin
                 .any(|d| d.id == efas[1].ibdev && d.health == UNHEALTHY)
     })
     .await;
-    assert_eq!(health_of(&h, &efas[0].ibdev).as_deref(), Some(HEALTHY));
+    assert_eq!(
+        h.kubelet.view().borrow().health_of(&efas[0].ibdev),
+        Some(HEALTHY)
+    );
     assert!(h.plugin_log().contains("a FIFO"), "{}", h.plugin_log());
     // A FIFO among the counters costs that one counter, not the scrape.
     let (status, text) = h.get("/metrics").await;
@@ -304,8 +285,14 @@ async fn only_a_character_device_at_the_node_path_is_healthy() {
     std::os::unix::fs::symlink(&target, &link).unwrap();
 
     h.wait("both to turn Unhealthy", |v| v.healthy() == 2).await;
-    assert_eq!(health_of(&h, &efas[0].ibdev).as_deref(), Some(UNHEALTHY));
-    assert_eq!(health_of(&h, &efas[1].ibdev).as_deref(), Some(UNHEALTHY));
+    assert_eq!(
+        h.kubelet.view().borrow().health_of(&efas[0].ibdev),
+        Some(UNHEALTHY)
+    );
+    assert_eq!(
+        h.kubelet.view().borrow().health_of(&efas[1].ibdev),
+        Some(UNHEALTHY)
+    );
     let log = h.plugin_log();
     assert!(
         log.contains("is a directory, not a character device"),
@@ -415,7 +402,10 @@ async fn an_unreadable_numa_node_is_logged_and_counted() {
     );
     assert!(log.contains(&efa.ibdev), "{log}");
     // Topology is a hint: the device stays in service.
-    assert_eq!(health_of(&h, &efa.ibdev).as_deref(), Some(HEALTHY));
+    assert_eq!(
+        h.kubelet.view().borrow().health_of(&efa.ibdev),
+        Some(HEALTHY)
+    );
 }
 
 /// The plugin in cdi mode with an NFD feature file, both inside the harness: (spec, NFD file).

@@ -7,9 +7,6 @@ use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use efa_device_plugin::proto::deviceplugin::{
-    ContainerPreferredAllocationRequest, PreferredAllocationRequest,
-};
 use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::Shape;
 use support::{Harness, sample};
@@ -135,20 +132,8 @@ async fn foreign_ids_are_counted_named_and_steered_around() {
 
     // The kubelet counts those two as free and offers all four: the free pair is preferred.
     let all: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
-    let mut client = h.kubelet.plugin().unwrap();
-    let answer = client
-        .get_preferred_allocation(PreferredAllocationRequest {
-            container_requests: vec![ContainerPreferredAllocationRequest {
-                available_device_i_ds: all,
-                must_include_device_i_ds: Vec::new(),
-                allocation_size: 2,
-            }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
     assert_eq!(
-        answer.container_responses[0].device_i_ds,
+        h.prefer(all, 2).await,
         [efas[2].bdf.clone(), efas[3].bdf.clone()]
     );
 }

@@ -1,6 +1,8 @@
-//! The crate's modules, at every depth, depend on each other in one direction only, and the
-//! product never reaches into the test kit, apart from the demo. Both are read from the source,
-//! so a new `use` that closes a cycle fails here, named, before anyone has to untangle it.
+//! The architecture invariants that can be read from the source (ARCHITECTURE.md lists them):
+//! modules at every depth depend on each other in one direction only; the product never reaches
+//! into the test kit, apart from the demo; Allocate does no I/O; only `config` names host paths;
+//! only `health` and `conflict` write the device snapshot. A change that breaks one fails here,
+//! named, before anyone has to untangle it.
 //!
 //! A module is a path such as `telemetry::fds`. Its non-test code names another module through
 //! `crate::`, `super::`, `self::` or the name of one of its own submodules; the name resolves to
@@ -9,7 +11,7 @@
 //! names none of the others, else one above the highest module it names.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 const TEST_KIT: &str = "testkit";
 /// The one product module built on the test kit, compiled only with the `demo` feature, which
@@ -74,6 +76,47 @@ fn allocation_does_no_io() {
     }
 }
 
+/// Filesystem roots are settings, passed down: a host path written anywhere else would escape
+/// `--sysfs-root` and `--dev-root` (and the tests' simulated nodes).
+#[test]
+fn only_config_names_host_paths() {
+    let roots = ["/sys", "/dev", "/var", "/run", "/etc", "/proc"];
+    // Where a container finds its nodes, not where the plugin looks on the host.
+    let container_paths = ["\"/dev/infiniband\""];
+    let mut named = Vec::new();
+    for (module, file) in product_files() {
+        if top(&module) == "config" {
+            continue;
+        }
+        let code = strip_test_items(&std::fs::read_to_string(&file).unwrap());
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            let literal_roots = roots.iter().map(|root| format!("\"{root}"));
+            if literal_roots.into_iter().any(|root| line.contains(&root))
+                && !container_paths.iter().any(|path| line.contains(path))
+            {
+                named.push(format!("{module}: {}", line.trim()));
+            }
+        }
+    }
+    assert!(named.is_empty(), "host paths outside config: {named:#?}");
+}
+
+/// The snapshot's writer, `DeviceState`, is held by the two modules that judge devices and
+/// created by `app`, which wires them; everyone else gets a `DeviceReader`.
+#[test]
+fn only_health_and_conflict_write_the_snapshot() {
+    let writers: Vec<String> = product_files()
+        .into_iter()
+        .filter(|(_, file)| {
+            let code = strip_test_code(&std::fs::read_to_string(file).unwrap());
+            code.split(|c: char| !c.is_alphanumeric() && c != '_')
+                .any(|word| word == "DeviceState")
+        })
+        .map(|(module, _)| module)
+        .collect();
+    assert_eq!(writers, ["app", "conflict", "health", "state"]);
+}
+
 #[test]
 fn the_check_sees_cycles_inside_folders_and_skips_test_code() {
     let modules: BTreeSet<String> = ["a", "b", "c", "t", "t::x", "t::y", "t::y::z"]
@@ -134,13 +177,26 @@ fn the_check_sees_cycles_inside_folders_and_skips_test_code() {
     );
 }
 
-fn crate_graph() -> Graph {
+/// Every module's file, by module path.
+fn module_files() -> BTreeMap<String, PathBuf> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let files: BTreeMap<String, std::path::PathBuf> = rust_files(&src)
+    let files: BTreeMap<String, PathBuf> = rust_files(&src)
         .into_iter()
         .filter_map(|file| Some((module_path(file.strip_prefix(&src).unwrap())?, file)))
         .collect();
     assert!(files.len() > 20, "the source was not found: {files:?}");
+    files
+}
+
+/// The modules that ship: all but the test kit and the demo built on it.
+fn product_files() -> BTreeMap<String, PathBuf> {
+    let mut files = module_files();
+    files.retain(|module, _| ![TEST_KIT, DEMO].contains(&top(module)));
+    files
+}
+
+fn crate_graph() -> Graph {
+    let files = module_files();
     let modules: BTreeSet<String> = files.keys().cloned().collect();
     files
         .iter()
@@ -172,7 +228,7 @@ fn top(module: &str) -> &str {
     module.split("::").next().unwrap()
 }
 
-fn rust_files(dir: &Path) -> Vec<std::path::PathBuf> {
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir).unwrap() {
         let path = entry.unwrap().path();
@@ -300,9 +356,12 @@ fn split_top_level(group: &str) -> Vec<&str> {
 
 /// The code without comments, string contents and `#[cfg(test)]` items, which may use anything.
 fn strip_test_code(source: &str) -> String {
-    let code = strip_comments_and_strings(source);
+    strip_test_items(&strip_comments_and_strings(source))
+}
+
+fn strip_test_items(code: &str) -> String {
     let mut kept = String::with_capacity(code.len());
-    let mut rest = code.as_str();
+    let mut rest = code;
     while let Some(at) = rest.find("#[cfg(test)]") {
         kept.push_str(&rest[..at]);
         let item = &rest[at..];

@@ -5,30 +5,13 @@ mod support;
 
 use std::time::Duration;
 
-use efa_device_plugin::proto::deviceplugin::{
-    AllocateRequest, ContainerAllocateRequest, HEALTHY, UNHEALTHY,
-};
+use efa_device_plugin::proto::deviceplugin::{HEALTHY, UNHEALTHY};
 use efa_device_plugin::testkit::simulate::{Nodes, Shape, make_char_device};
 use support::{Harness, fds_and_tasks, node_kind};
 use tonic::Code;
 
 fn ids(view: &efa_device_plugin::testkit::kubelet_stub::KubeletView) -> Vec<String> {
     view.devices.iter().map(|d| d.id.clone()).collect()
-}
-
-fn numa_of(view: &efa_device_plugin::testkit::kubelet_stub::KubeletView, id: &str) -> Option<i64> {
-    let device = view.devices.iter().find(|d| d.id == id)?;
-    device.topology.as_ref()?.nodes.first().map(|n| n.id)
-}
-
-fn health_of(
-    view: &efa_device_plugin::testkit::kubelet_stub::KubeletView,
-    id: &str,
-) -> Option<String> {
-    view.devices
-        .iter()
-        .find(|d| d.id == id)
-        .map(|d| d.health.clone())
 }
 
 #[tokio::test]
@@ -45,10 +28,10 @@ async fn registers_and_lists_p4d_with_numa() {
         ["rdmap144s27", "rdmap160s27", "rdmap16s27", "rdmap32s27"]
     );
     assert!(view.devices.iter().all(|d| d.health == HEALTHY));
-    assert_eq!(numa_of(&view, "rdmap16s27"), Some(0));
-    assert_eq!(numa_of(&view, "rdmap32s27"), Some(0));
-    assert_eq!(numa_of(&view, "rdmap144s27"), Some(1));
-    assert_eq!(numa_of(&view, "rdmap160s27"), Some(1));
+    assert_eq!(view.numa_of("rdmap16s27"), Some(0));
+    assert_eq!(view.numa_of("rdmap32s27"), Some(0));
+    assert_eq!(view.numa_of("rdmap144s27"), Some(1));
+    assert_eq!(view.numa_of("rdmap160s27"), Some(1));
     assert_eq!(view.register_calls, 1);
 }
 
@@ -62,7 +45,7 @@ async fn p6_b200_mlx5_decoys_are_not_advertised() {
     let decoys: Vec<_> = h.devices.iter().filter(|d| !d.is_efa()).collect();
     for decoy in decoys {
         assert!(
-            health_of(&view, &decoy.ibdev).is_none(),
+            view.health_of(&decoy.ibdev).is_none(),
             "{} advertised",
             decoy.ibdev
         );
@@ -111,16 +94,8 @@ async fn allocate_returns_exactly_the_allocated_nodes() {
     h.spawn_plugin(&[]);
     h.registered().await;
     let chosen: Vec<_> = h.efas().into_iter().take(8).cloned().collect();
-    let mut client = h.kubelet.plugin().unwrap();
-    let response = client
-        .allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest {
-                devices_ids: chosen.iter().map(|d| d.ibdev.clone()).collect(),
-            }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let ids: Vec<&str> = chosen.iter().map(|d| d.ibdev.as_str()).collect();
+    let response = h.allocate(&[&ids]).await.unwrap();
     assert_eq!(response.container_responses.len(), 1);
     let container = &response.container_responses[0];
     assert!(container.envs.is_empty() && container.mounts.is_empty());
@@ -155,14 +130,8 @@ async fn allocate_refuses_unknown_and_unhealthy_ids_by_name() {
     let mut h = Harness::new(Shape::P4d);
     h.spawn_plugin(&[]);
     h.registered().await;
-    let mut client = h.kubelet.plugin().unwrap();
-    let request = |ids: &[&str]| AllocateRequest {
-        container_requests: vec![ContainerAllocateRequest {
-            devices_ids: ids.iter().map(|s| s.to_string()).collect(),
-        }],
-    };
-    let err = client
-        .allocate(request(&["rdmap16s27", "0000:10:1b.0"]))
+    let err = h
+        .allocate(&[&["rdmap16s27", "0000:10:1b.0"]])
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
@@ -172,13 +141,10 @@ async fn allocate_refuses_unknown_and_unhealthy_ids_by_name() {
     let victim = h.efas()[2].clone();
     h.node.remove_node(&victim).unwrap();
     h.wait("the failure", |v| {
-        health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
+        v.health_of(&victim.ibdev) == Some(UNHEALTHY)
     })
     .await;
-    let err = client
-        .allocate(request(&[&victim.ibdev]))
-        .await
-        .unwrap_err();
+    let err = h.allocate(&[&[&victim.ibdev]]).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.message().contains(&victim.ibdev), "{}", err.message());
 }
@@ -193,7 +159,7 @@ async fn node_removal_shows_without_waiting_for_a_rescan() {
     h.node.remove_node(&victim).unwrap();
     let view = h
         .wait("the removal", |v| {
-            health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
+            v.health_of(&victim.ibdev) == Some(UNHEALTHY)
         })
         .await;
     assert_eq!(view.healthy(), 3);
@@ -210,7 +176,7 @@ async fn vanished_device_stays_listed_unhealthy_and_recovers() {
     h.node.remove(&victim).unwrap();
     let view = h
         .wait("the vanished device", |v| {
-            health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
+            v.health_of(&victim.ibdev) == Some(UNHEALTHY)
         })
         .await;
     assert_eq!(view.devices.len(), 4, "a vanished device stays in capacity");
@@ -220,7 +186,7 @@ async fn vanished_device_stays_listed_unhealthy_and_recovers() {
     // Unbinding the driver alone is a failure too.
     h.node.unbind(&victim).unwrap();
     h.wait("the unbound device", |v| {
-        health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
+        v.health_of(&victim.ibdev) == Some(UNHEALTHY)
     })
     .await;
     h.node.bind(&victim).unwrap();
@@ -267,7 +233,7 @@ async fn mismatched_char_device_is_unhealthy() {
     wrong.minor += 100;
     make_char_device(&path, wrong).unwrap();
     h.wait("the mismatch", |v| {
-        health_of(v, &victim.ibdev).as_deref() == Some(UNHEALTHY)
+        v.health_of(&victim.ibdev) == Some(UNHEALTHY)
     })
     .await;
     assert!(h.plugin_log().contains("sysfs says"), "{}", h.plugin_log());
@@ -471,24 +437,14 @@ async fn the_pci_strategy_advertises_addresses_and_refuses_ibdev_names() {
             "0000:a0:1b.0"
         ]
     );
-    assert_eq!(numa_of(&view, "0000:90:1b.0"), Some(1));
-    let mut client = h.kubelet.plugin().unwrap();
-    let request = |ids: &[&str]| AllocateRequest {
-        container_requests: vec![ContainerAllocateRequest {
-            devices_ids: ids.iter().map(|s| s.to_string()).collect(),
-        }],
-    };
-    let answer = client
-        .allocate(request(&["0000:20:1b.0"]))
-        .await
-        .unwrap()
-        .into_inner();
+    assert_eq!(view.numa_of("0000:90:1b.0"), Some(1));
+    let answer = h.allocate(&[&["0000:20:1b.0"]]).await.unwrap();
     let efa = h.efas()[1].clone();
     assert_eq!(
         answer.container_responses[0].devices[0].container_path,
         format!("/dev/infiniband/{}", efa.uverbs_name())
     );
-    let err = client.allocate(request(&["rdmap32s27"])).await.unwrap_err();
+    let err = h.allocate(&[&["rdmap32s27"]]).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().contains("rdmap32s27"), "{}", err.message());
 }

@@ -42,11 +42,6 @@ async fn prefer(
         .collect()
 }
 
-fn numa_of(view: &KubeletView, id: &str) -> Option<i64> {
-    let device = view.devices.iter().find(|d| d.id == id)?;
-    device.topology.as_ref()?.nodes.first().map(|n| n.id)
-}
-
 /// The kubelet's `generateDeviceTopologyHints` on a two-socket machine: every NUMA mask that
 /// holds enough devices, and whether it is preferred (as narrow as the narrowest that could).
 fn hints(view: &KubeletView, request: usize) -> Option<Vec<(BTreeSet<i64>, bool)>> {
@@ -58,7 +53,7 @@ fn hints(view: &KubeletView, request: usize) -> Option<Vec<(BTreeSet<i64>, bool)
         let inside = view
             .devices
             .iter()
-            .filter(|d| numa_of(view, &d.id).is_some_and(|n| mask.contains(&n)))
+            .filter(|d| view.numa_of(&d.id).is_some_and(|n| mask.contains(&n)))
             .count();
         inside >= request
     };
@@ -104,7 +99,7 @@ async fn p5_answers_are_local_and_allocatable() {
     assert!(answers[1].contains(&"0000:a5:00.0".to_owned()));
     for (answer, numa) in [(&answers[1], 1), (&answers[2], 0)] {
         for id in answer {
-            assert_eq!(numa_of(&view, id), Some(numa), "{answer:?}");
+            assert_eq!(view.numa_of(id), Some(numa), "{answer:?}");
         }
     }
 
@@ -157,7 +152,7 @@ async fn each_answer_is_logged_with_its_offer_at_debug_level() {
     let numa1: Vec<String> = view
         .devices
         .iter()
-        .filter(|d| numa_of(&view, &d.id) == Some(1))
+        .filter(|d| view.numa_of(&d.id) == Some(1))
         .map(|d| d.id.clone())
         .collect();
     let mut client = h.kubelet.plugin().unwrap();

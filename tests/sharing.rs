@@ -3,10 +3,7 @@
 
 mod support;
 
-use efa_device_plugin::proto::deviceplugin::{
-    AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, HEALTHY,
-    PreferredAllocationRequest, UNHEALTHY,
-};
+use efa_device_plugin::proto::deviceplugin::{HEALTHY, UNHEALTHY};
 use efa_device_plugin::testkit::kubelet_stub::KubeletView;
 use efa_device_plugin::testkit::simulate::Shape;
 use support::{Harness, run_binary};
@@ -22,14 +19,6 @@ async fn shared_p4d(replicas: u32) -> (Harness, KubeletView) {
         })
         .await;
     (h, view)
-}
-
-fn allocate(ids: &[&str]) -> AllocateRequest {
-    AllocateRequest {
-        container_requests: vec![ContainerAllocateRequest {
-            devices_ids: ids.iter().map(|s| s.to_string()).collect(),
-        }],
-    }
 }
 
 #[tokio::test]
@@ -64,16 +53,10 @@ async fn each_efa_is_listed_once_per_replica_with_its_numa_node() {
 #[tokio::test]
 async fn replicas_of_one_efa_open_its_node_once() {
     let (h, _) = shared_p4d(3).await;
-    let mut client = h.kubelet.plugin().unwrap();
-    let response = client
-        .allocate(allocate(&[
-            "rdmap16s27::0",
-            "rdmap16s27::2",
-            "rdmap144s27::1",
-        ]))
+    let response = h
+        .allocate(&[&["rdmap16s27::0", "rdmap16s27::2", "rdmap144s27::1"]])
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     let nodes: Vec<&str> = response.container_responses[0]
         .devices
         .iter()
@@ -92,7 +75,7 @@ async fn replicas_of_one_efa_open_its_node_once() {
 
     // Only advertised IDs are served: no replica past N, no bare address.
     for id in ["rdmap16s27::3", "rdmap16s27"] {
-        let err = client.allocate(allocate(&[id])).await.unwrap_err();
+        let err = h.allocate(&[&[id]]).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument, "{id}");
         assert!(err.message().contains(id), "{}", err.message());
     }
@@ -114,9 +97,8 @@ async fn health_applies_to_every_replica() {
         };
         assert_eq!(device.health, expected, "{}", device.id);
     }
-    let mut client = h.kubelet.plugin().unwrap();
-    let err = client
-        .allocate(allocate(&[&format!("{}::1", victim.ibdev)]))
+    let err = h
+        .allocate(&[&[&format!("{}::1", victim.ibdev)]])
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
@@ -126,22 +108,7 @@ async fn health_applies_to_every_replica() {
 async fn preferred_replicas_spread_over_distinct_efas() {
     let (h, view) = shared_p4d(4).await;
     let all: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
-    let mut client = h.kubelet.plugin().unwrap();
-    let response = client
-        .get_preferred_allocation(PreferredAllocationRequest {
-            container_requests: vec![ContainerPreferredAllocationRequest {
-                available_device_i_ds: all,
-                must_include_device_i_ds: Vec::new(),
-                allocation_size: 2,
-            }],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        response.container_responses[0].device_i_ds,
-        ["rdmap16s27::0", "rdmap32s27::0"]
-    );
+    assert_eq!(h.prefer(all, 2).await, ["rdmap16s27::0", "rdmap32s27::0"]);
 }
 
 #[test]

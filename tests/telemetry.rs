@@ -6,7 +6,6 @@ mod support;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
 use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
 use support::{Harness, sample};
@@ -33,18 +32,6 @@ async fn registrations(h: &Harness, registrations: u64, restarts: u64) -> String
             && sample(t, "efa_device_plugin_kubelet_restarts_total") == Some(restarts as f64)
     })
     .await
-}
-
-async fn allocate(h: &Harness, ids: &[&str]) -> Result<(), tonic::Status> {
-    let mut client = h.kubelet.plugin().expect("plugin connection");
-    client
-        .allocate(AllocateRequest {
-            container_requests: vec![ContainerAllocateRequest {
-                devices_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
-            }],
-        })
-        .await
-        .map(drop)
 }
 
 #[tokio::test]
@@ -84,8 +71,8 @@ async fn metrics_follow_registrations_restarts_allocations_and_failures() {
         Some(987_654_321.0)
     );
 
-    allocate(&h, &[&efas[0].ibdev]).await.unwrap();
-    allocate(&h, &["0000:ff:00.0"]).await.unwrap_err();
+    h.allocate(&[&[&efas[0].ibdev]]).await.unwrap();
+    h.allocate(&[&["0000:ff:00.0"]]).await.unwrap_err();
     let text = h.get("/metrics").await.1;
     let ok = "efa_device_plugin_allocations_total{result=\"ok\"}";
     let error = "efa_device_plugin_allocations_total{result=\"error\"}";

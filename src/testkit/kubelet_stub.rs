@@ -51,6 +51,24 @@ impl KubeletView {
     pub fn healthy(&self) -> usize {
         self.devices.iter().filter(|d| d.health == HEALTHY).count()
     }
+
+    pub fn health_of(&self, id: &str) -> Option<&str> {
+        self.device(id).map(|d| d.health.as_str())
+    }
+
+    /// The first NUMA node the device's topology names.
+    pub fn numa_of(&self, id: &str) -> Option<i64> {
+        self.device(id)?
+            .topology
+            .as_ref()?
+            .nodes
+            .first()
+            .map(|n| n.id)
+    }
+
+    fn device(&self, id: &str) -> Option<&Device> {
+        self.devices.iter().find(|d| d.id == id)
+    }
 }
 
 #[derive(Clone, Default)]

@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use efa_device_plugin::proto::deviceplugin::{
+    AllocateRequest, AllocateResponse, ContainerAllocateRequest,
+    ContainerPreferredAllocationRequest, PreferredAllocationRequest,
+};
 use efa_device_plugin::testkit::kubelet_stub::{KubeletStub, KubeletView};
 use efa_device_plugin::testkit::simulate::{FakeDevice, FakeNode, Nodes, Shape};
 use tempfile::TempDir;
@@ -281,7 +285,49 @@ pub(crate) fn assert_one_line_error(result: (i32, String, String), names: &[&str
     }
 }
 
+/// An Allocate request as the kubelet sends it: one container per slice of IDs.
+pub(crate) fn allocate_request(containers: &[&[&str]]) -> AllocateRequest {
+    AllocateRequest {
+        container_requests: containers
+            .iter()
+            .map(|ids| ContainerAllocateRequest {
+                devices_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+            })
+            .collect(),
+    }
+}
+
 impl Harness {
+    /// One Allocate call over the plugin's socket, as the kubelet makes it.
+    pub(crate) async fn allocate(
+        &self,
+        containers: &[&[&str]],
+    ) -> Result<AllocateResponse, tonic::Status> {
+        let mut client = self.kubelet.plugin().expect("plugin connection");
+        client
+            .allocate(allocate_request(containers))
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// One GetPreferredAllocation call for one container with nothing it must include; the
+    /// IDs the plugin prefers.
+    pub(crate) async fn prefer(&self, available: Vec<String>, size: i32) -> Vec<String> {
+        let mut client = self.kubelet.plugin().expect("plugin connection");
+        let mut response = client
+            .get_preferred_allocation(PreferredAllocationRequest {
+                container_requests: vec![ContainerPreferredAllocationRequest {
+                    available_device_i_ds: available,
+                    must_include_device_i_ds: Vec::new(),
+                    allocation_size: size,
+                }],
+            })
+            .await
+            .expect("GetPreferredAllocation")
+            .into_inner();
+        response.container_responses.remove(0).device_i_ds
+    }
+
     /// Where the plugin's HTTP endpoint listens: the harness asks for an ephemeral loopback
     /// port, and the plugin logs the one it bound.
     pub(crate) async fn metrics_address(&self) -> SocketAddr {
