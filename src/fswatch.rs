@@ -160,6 +160,7 @@ impl WatchedDir {
     /// Keeping one instance and retrying only `add_watch` would also avoid that, but would hold
     /// a descriptor for nothing on such nodes, and after a deletion would have to tell the old
     /// watch's queued events from the new one's.
+    ///
     /// A dir that is there but cannot be watched (out of inotify instances or watches, say) is
     /// only polled: that is said once, until a watch works again.
     fn rearm(&mut self) {
@@ -369,12 +370,8 @@ mod tests {
 
         // Once inotify works again, changes wake the rescan, and a later failure is said again.
         watched.open = DirWatch::new;
-        assert!(
-            fires(&mut watched, || std::fs::remove_file(
-                root.path().join("uverbs0")
-            ))
-            .await
-        );
+        let node = root.path().join("uverbs0");
+        assert!(fires(&mut watched, || std::fs::remove_file(&node)).await);
         assert!(fires(&mut watched, || std::fs::remove_dir_all(root.path())).await);
         std::fs::create_dir(root.path()).unwrap();
         watched.open = out_of_inotify_instances;

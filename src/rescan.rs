@@ -14,7 +14,7 @@ use crate::fswatch::WatchedDir;
 pub(crate) struct Rescans {
     ticker: Interval,
     dir: Option<WatchedDir>,
-    settle: Duration,
+    settle: Option<Duration>,
     shutdown: CancellationToken,
 }
 
@@ -27,7 +27,7 @@ impl Rescans {
         Rescans {
             ticker,
             dir: None,
-            settle: Duration::ZERO,
+            settle: None,
             shutdown,
         }
     }
@@ -41,7 +41,7 @@ impl Rescans {
 
     /// Waits `settle` after a change before the pass, so a burst of changes costs one pass.
     pub(crate) fn settling(mut self, settle: Duration) -> Self {
-        self.settle = settle;
+        self.settle = Some(settle);
         self
     }
 
@@ -60,7 +60,9 @@ impl Rescans {
             _ = self.shutdown.cancelled() => false,
             _ = self.ticker.tick() => true,
             () = changed => {
-                tokio::time::sleep(self.settle).await;
+                if let Some(settle) = self.settle {
+                    tokio::time::sleep(settle).await;
+                }
                 true
             }
         }
