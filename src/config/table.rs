@@ -188,20 +188,6 @@ settings! {
         .in_file(FileKey::Never);
 }
 
-impl Settings {
-    /// Whether an empty regular file at a uverbs node path is judged Healthy: only a test build
-    /// has the switch that says so.
-    #[cfg(feature = "testkit")]
-    pub(crate) fn regular_file_nodes(&self) -> bool {
-        self.test_only_regular_file_nodes
-    }
-
-    #[cfg(not(feature = "testkit"))]
-    pub(crate) fn regular_file_nodes(&self) -> bool {
-        false
-    }
-}
-
 impl Default for Settings {
     /// The declared defaults, through the same parsers: no flag, variable or file is read.
     fn default() -> Self {
