@@ -90,18 +90,9 @@ impl<T> Setting<T> {
         }
     }
 
-    /// A setting whose value names a file or directory, which a deployment must mount.
-    pub(super) const fn path(
-        flag: &'static str,
-        env: &'static str,
-        value_name: &'static str,
-        default: &'static str,
-        parse: fn(&str) -> Result<T, String>,
-    ) -> Self {
-        Setting {
-            path: true,
-            ..Setting::new(flag, env, value_name, default, parse)
-        }
+    /// The value names a file or directory, which a deployment must mount.
+    pub(super) const fn naming_a_path(self) -> Self {
+        Setting { path: true, ..self }
     }
 
     pub(super) const fn in_file(self, file: FileKey) -> Self {

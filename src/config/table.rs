@@ -106,12 +106,14 @@ macro_rules! settings {
 
 settings! {
     /// Root of the sysfs tree to scan for EFA devices.
-    sysfs_root: PathBuf = Setting::path("sysfs-root", "EFA_DP_SYSFS_ROOT", "DIR", "/sys", parse_path);
+    sysfs_root: PathBuf = Setting::new("sysfs-root", "EFA_DP_SYSFS_ROOT", "DIR", "/sys",
+        parse_path).naming_a_path();
     /// Root of the device tree holding infiniband/uverbsN.
-    dev_root: PathBuf = Setting::path("dev-root", "EFA_DP_DEV_ROOT", "DIR", "/dev", parse_path);
+    dev_root: PathBuf = Setting::new("dev-root", "EFA_DP_DEV_ROOT", "DIR", "/dev", parse_path)
+        .naming_a_path();
     /// Directory holding the kubelet's kubelet.sock; the plugin serves its socket there.
-    device_plugin_dir: PathBuf = Setting::path("device-plugin-dir", "EFA_DP_DEVICE_PLUGIN_DIR",
-        "DIR", "/var/lib/kubelet/device-plugins", parse_path);
+    device_plugin_dir: PathBuf = Setting::new("device-plugin-dir", "EFA_DP_DEVICE_PLUGIN_DIR",
+        "DIR", "/var/lib/kubelet/device-plugins", parse_path).naming_a_path();
     /// Extended resource name to advertise.
     resource_name: ResourceName = Setting::new("resource-name", "EFA_DP_RESOURCE_NAME", "NAME",
         "vpc.amazonaws.com/efa", ResourceName::parse);
@@ -144,12 +146,13 @@ settings! {
     metrics_address: Option<SocketAddr> = Setting::new("metrics-address",
         "EFA_DP_METRICS_ADDRESS", "ADDR", "0.0.0.0:9465", parse_metrics_address);
     /// The kubelet's PodResources socket, read to label EFA traffic with its pod (when present).
-    pod_resources_socket: PathBuf = Setting::path("pod-resources-socket",
+    pod_resources_socket: PathBuf = Setting::new("pod-resources-socket",
         "EFA_DP_POD_RESOURCES_SOCKET", "FILE", "/var/lib/kubelet/pod-resources/kubelet.sock",
-        parse_path);
+        parse_path).naming_a_path();
     /// The kubelet's plugin registration dir, where DRA drivers register.
-    plugins_registry_dir: PathBuf = Setting::path("plugins-registry-dir",
-        "EFA_DP_PLUGINS_REGISTRY_DIR", "DIR", "/var/lib/kubelet/plugins_registry", parse_path);
+    plugins_registry_dir: PathBuf = Setting::new("plugins-registry-dir",
+        "EFA_DP_PLUGINS_REGISTRY_DIR", "DIR", "/var/lib/kubelet/plugins_registry", parse_path)
+        .naming_a_path();
     /// DRA drivers that manage EFAs; while one is registered every device is withheld.
     dra_drivers: Vec<String> = Setting::list("dra-drivers", "EFA_DP_DRA_DRIVERS", "NAME,...",
         "dra.net", parse_driver_names);
@@ -159,15 +162,15 @@ settings! {
     /// Node-feature-discovery local feature file to keep current (e.g.
     /// /etc/kubernetes/node-feature-discovery/features.d/efa); empty disables it.
     #[serde(serialize_with = "serialize_optional_path")]
-    nfd_features_file: Option<PathBuf> = Setting::path("nfd-features-file",
-        "EFA_DP_NFD_FEATURES_FILE", "FILE", "", parse_optional_path);
+    nfd_features_file: Option<PathBuf> = Setting::new("nfd-features-file",
+        "EFA_DP_NFD_FEATURES_FILE", "FILE", "", parse_optional_path).naming_a_path();
     /// How Allocate hands devices to the runtime: device-specs (DeviceSpecs, every kubelet and
     /// runtime) or cdi (CDI names and a spec file; kubelet 1.28+ and a runtime with CDI on).
     device_list_strategy: DeviceListStrategy = Setting::choice("device-list-strategy",
         "EFA_DP_DEVICE_LIST_STRATEGY", "DEVICE_LIST_STRATEGY", "device-specs");
     /// Directory the runtime reads CDI specs from; the plugin writes its spec there in cdi mode.
-    cdi_spec_dir: PathBuf = Setting::path("cdi-spec-dir", "EFA_DP_CDI_SPEC_DIR", "DIR",
-        "/var/run/cdi", parse_path);
+    cdi_spec_dir: PathBuf = Setting::new("cdi-spec-dir", "EFA_DP_CDI_SPEC_DIR", "DIR",
+        "/var/run/cdi", parse_path).naming_a_path();
     /// Environment variable set in every container that gets an EFA; repeatable, each value
     /// kept whole, commas and '=' too. EFA_DP_ALLOCATE_ENV holds a YAML or JSON map instead,
     /// e.g. {"NCCL_SOCKET_IFNAME": "^lo,docker", "FI_PROVIDER": "efa"}.
