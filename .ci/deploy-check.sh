@@ -250,12 +250,21 @@ elf_check_refuses() {
 
 # The demo and the stand-ins under src/testkit are left out: `demo` is an unknown command, and
 # neither the kubelet stand-in's refusal text nor the demo's scratch-dir name is in the binary.
+# Nor is the test switch: neither --help nor the settings table lists it, and it is refused.
 check_no_test_kit() {
-  local bin=$1 refused
+  local bin=$1 refused listed
   refused=$("$bin" demo 2>&1) && return 1
   echo "demo: $refused"
   [[ $refused == "error: unrecognized subcommand 'demo'" ]] || return 1
-  ! grep -aq -e 'is not supported by kubelet' -e 'efa-device-plugin-demo' "$bin"
+  ! grep -aq -e 'is not supported by kubelet' -e 'efa-device-plugin-demo' "$bin" || return 1
+  listed=$("$bin" --help && "$bin" settings --output json) || return 1
+  if grep -q -e test-only -e TEST_ONLY <<<"$listed"; then
+    echo "the shipped binary lists a test switch: $(grep -e test-only -e TEST_ONLY <<<"$listed")"
+    return 1
+  fi
+  refused=$("$bin" --test-only-regular-file-nodes config 2>&1) && return 1
+  echo "test switch: $refused"
+  [[ $refused == "error: unexpected argument '--test-only-regular-file-nodes' found" ]]
 }
 
 smoke_test_binary() {
@@ -319,7 +328,7 @@ main() {
   step "amd64 binary is static, no interpreter, under $((max_binary_bytes / 1000000)) MB" \
     check_static_binary "$bin_amd64" x86_64 4096
   step "binary runs --help and list on an empty sysfs" smoke_test_binary "$bin_amd64"
-  step "binary has no demo and no test kit" check_no_test_kit "$bin_amd64"
+  step "binary has no demo, no test kit and no test switch" check_no_test_kit "$bin_amd64"
   step "manifests fit the binary's flags, defaults and paths" "$venv/bin/python" tests/deploy/drift_check.py \
     "$bin_amd64" "$repo" "$work/plain.yaml" "$work/helm.yaml" "$work/helm-variant.yaml" \
     "$work/plain-cdi.yaml" "$work/helm-cdi.yaml"

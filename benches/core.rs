@@ -347,8 +347,7 @@ async fn measure() {
         let records = health::observe(
             &dense.sysfs,
             efa_device_plugin::discovery::DeviceIdStrategy::default(),
-            &dense.dev,
-            true,
+            &dense.judge(),
         )
         .records;
         samples.push(started.elapsed());

@@ -98,8 +98,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         health::observe(
             &h.node.sysfs,
             efa_device_plugin::discovery::DeviceIdStrategy::default(),
-            &h.node.dev,
-            true,
+            &h.node.judge(),
         )
         .records,
     );

@@ -16,7 +16,7 @@ use crate::allocation::{self, Allocator, Contributors, Delivery, DeviceSpecs};
 use crate::cdi::{self, CdiNames, Kind, SpecSettings};
 use crate::config::{DeviceListStrategy, Settings};
 use crate::conflict::Guard;
-use crate::health::{Monitor, ScanStats};
+use crate::health::{Judge, Monitor, ScanStats};
 use crate::lifecycle::Lifecycle;
 use crate::state::{DeviceState, Holdings, PluginStatus};
 use crate::telemetry::http::{self, Endpoint};
@@ -75,14 +75,16 @@ impl Plugin {
         allocations: &AllocationMetrics,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Tasks> {
+        let judge = Judge::new(settings.dev_root.clone());
+        #[cfg(feature = "testkit")]
+        let judge = judge.accepting_regular_files(settings.test_only_regular_file_nodes);
         let mut monitor = Monitor::new(
             settings.sysfs_root.clone(),
-            settings.dev_root.clone(),
+            judge,
             settings.rescan_interval,
             self.state.clone(),
         )
-        .with_ids(settings.device_id_strategy)
-        .with_regular_files(settings.test_only_regular_file_nodes);
+        .with_ids(settings.device_id_strategy);
         let mut tasks = Tasks::default();
         // Bound before anything else starts, so a taken port fails the start with one line.
         if let Some(address) = settings.metrics_address {
@@ -103,6 +105,7 @@ impl Plugin {
         crate::service::check_sharing_fits(
             &self.state.current(),
             settings.sharing,
+            &settings.origins.sharing,
             matches!(strategy, Strategy::Cdi { .. }),
         )?;
         tasks.spawn("health monitor", monitor.run(shutdown.clone()));
@@ -113,7 +116,7 @@ impl Plugin {
             "PodResources view",
             PodResources::new(
                 settings.pod_resources_socket.clone(),
-                settings.resource_name.clone(),
+                settings.resource_name.to_string(),
             )
             .run(
                 self.state.reader(),
@@ -195,7 +198,7 @@ impl Plugin {
     ) -> anyhow::Result<()> {
         let lifecycle = Lifecycle {
             dir: settings.device_plugin_dir.clone(),
-            resource_name: settings.resource_name.clone(),
+            resource_name: settings.resource_name.to_string(),
             state: self.state.reader(),
             allocator: Arc::new(allocator),
             status: self.status.clone(),
@@ -226,7 +229,7 @@ impl Plugin {
     ) -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
         let listener = TcpListener::bind(address)
             .await
-            .with_context(|| format!("--metrics-address {address}"))?;
+            .with_context(|| format!("{} {address}", settings.origins.metrics_address))?;
         let bound = listener.local_addr()?;
         tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
         let mut metrics = Metrics::new(
@@ -259,7 +262,7 @@ impl Plugin {
     fn spec_still_needed(&self, settings: &Settings) -> crate::hostfile::KeepOnExit {
         let pods = PodResources::new(
             settings.pod_resources_socket.clone(),
-            settings.resource_name.clone(),
+            settings.resource_name.to_string(),
         );
         let (state, sharing) = (self.state.reader(), settings.sharing);
         Box::new(move || {
@@ -279,7 +282,7 @@ impl Plugin {
         let mut guard = Guard::new(
             settings.plugins_registry_dir.clone(),
             settings.dra_drivers.clone(),
-            settings.resource_name.clone(),
+            settings.resource_name.to_string(),
             settings.rescan_interval,
             self.state.clone(),
         );
@@ -357,7 +360,11 @@ impl Strategy {
         Ok(match settings.device_list_strategy {
             DeviceListStrategy::DeviceSpecs => Strategy::DeviceSpecs,
             DeviceListStrategy::Cdi => Strategy::Cdi {
-                kind: Kind::of(&settings.resource_name).map_err(anyhow::Error::msg)?,
+                kind: settings
+                    .resource_name
+                    .cdi_kind()
+                    .map_err(|err| anyhow::anyhow!("{err}"))?
+                    .clone(),
                 failures: Counter::default(),
             },
         })
@@ -383,7 +390,7 @@ const BLOCKING_GRACE: std::time::Duration = std::time::Duration::from_millis(500
 
 /// The `run` command: the plugin as a process, stopped by SIGTERM, SIGINT or SIGHUP.
 pub fn serve(settings: Settings) -> anyhow::Result<()> {
-    crate::telemetry::init_logging(settings.log_format, &settings.log_level)?;
+    crate::telemetry::init_logging(settings.log_format, settings.log_level.filter())?;
     crate::telemetry::fds::raise_limit();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

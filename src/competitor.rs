@@ -16,7 +16,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::fswatch::Rescans;
+use crate::rescan::Rescans;
 use crate::state::PluginStatus;
 
 /// A connect to a live plugin's socket completes at once; one that does not is no answer.
@@ -80,7 +80,7 @@ impl Watch {
         if self.sockets.is_empty() {
             return shutdown.cancelled().await;
         }
-        let mut rescans = Rescans::new(self.dir.clone(), self.interval, shutdown);
+        let mut rescans = Rescans::every(self.interval, shutdown).watching(self.dir.clone());
         while rescans.due().await {
             self.refresh().await;
         }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::fswatch::Rescans;
+use crate::rescan::Rescans;
 use crate::state::DeviceState;
 
 /// While a conflict lasts it is logged again this often, so it is in any recent log excerpt.
@@ -138,7 +138,7 @@ impl Guard {
 
     /// Re-checks on every change of the dir, and every `interval` in any case.
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
-        let mut rescans = Rescans::new(self.dir.clone(), self.interval, shutdown);
+        let mut rescans = Rescans::every(self.interval, shutdown).watching(self.dir.clone());
         while rescans.due().await {
             self.refresh().await;
         }

@@ -20,7 +20,10 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn run() -> anyhow::Result<()> {
     // Plugin logs would drown the demo's story; warnings still show.
-    crate::telemetry::init_logging(crate::config::LogFormat::Text, "warn")?;
+    crate::telemetry::init_logging(
+        crate::config::LogFormat::Text,
+        tracing_subscriber::EnvFilter::new("warn"),
+    )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

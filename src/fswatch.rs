@@ -10,18 +10,25 @@ use std::time::Duration;
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
-use tokio_util::sync::CancellationToken;
 
 /// One inotify event about an entry of the watched directory.
 #[derive(Clone, Debug)]
 pub(crate) struct DirEvent {
-    pub name: Option<OsString>,
-    pub mask: AddWatchFlags,
+    name: Option<OsString>,
+    mask: AddWatchFlags,
 }
 
 impl DirEvent {
+    /// Whether the event concerns the entry called `name`.
     pub(crate) fn is_about(&self, name: &str) -> bool {
         self.name.as_deref().is_some_and(|n| n == name)
+    }
+
+    /// Whether the entry appeared: created in the dir, or moved into it (as an atomic rename
+    /// puts a file in place).
+    pub(crate) fn is_creation(&self) -> bool {
+        self.mask
+            .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
     }
 }
 
@@ -103,36 +110,6 @@ impl DirWatch {
     }
 }
 
-/// The rhythm of a rescan of one directory: a pass every `interval`, and one at once on every
-/// change in the directory, until shutdown.
-pub(crate) struct Rescans {
-    dir: WatchedDir,
-    ticker: tokio::time::Interval,
-    shutdown: CancellationToken,
-}
-
-impl Rescans {
-    /// The first tick comes one `interval` from now: the caller has just made a pass.
-    pub(crate) fn new(dir: PathBuf, interval: Duration, shutdown: CancellationToken) -> Self {
-        let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        Rescans {
-            dir: WatchedDir::new(dir),
-            ticker,
-            shutdown,
-        }
-    }
-
-    /// Waits for the next pass to be due; false on shutdown.
-    pub(crate) async fn due(&mut self) -> bool {
-        tokio::select! {
-            _ = self.shutdown.cancelled() => false,
-            _ = self.ticker.tick() => true,
-            () = self.dir.changed() => true,
-        }
-    }
-}
-
 /// A directory watched across the passes of a periodic rescan, through its absence, its deletion
 /// and its recreation: the directory that holds device nodes appears only once the driver created
 /// one, and the kubelet's registry dir may come and go. While it cannot be watched, the caller's
@@ -140,11 +117,23 @@ impl Rescans {
 pub(crate) struct WatchedDir {
     dir: PathBuf,
     watch: Option<DirWatch>,
+    /// How often the caller rescans anyway, for the warning when the dir cannot be watched.
+    polled_every: Duration,
+    /// Whether the failure to watch the dir was logged since it last could be watched.
+    warned: bool,
+    /// How the watch is set up; a field only so a test can stand in for a failing inotify.
+    open: fn(&Path) -> io::Result<DirWatch>,
 }
 
 impl WatchedDir {
-    pub(crate) fn new(dir: PathBuf) -> Self {
-        WatchedDir { dir, watch: None }
+    pub(crate) fn new(dir: PathBuf, polled_every: Duration) -> Self {
+        WatchedDir {
+            dir,
+            watch: None,
+            polled_every,
+            warned: false,
+            open: DirWatch::new,
+        }
     }
 
     /// Resolves on the next change in the directory, or when it goes away; never while it cannot
@@ -171,9 +160,28 @@ impl WatchedDir {
     /// Keeping one instance and retrying only `add_watch` would also avoid that, but would hold
     /// a descriptor for nothing on such nodes, and after a deletion would have to tell the old
     /// watch's queued events from the new one's.
+    ///
+    /// A dir that is there but cannot be watched (out of inotify instances or watches, say) is
+    /// only polled: that is said once, until a watch works again.
     fn rearm(&mut self) {
-        if self.watch.is_none() && self.dir.is_dir() {
-            self.watch = DirWatch::new(&self.dir).ok();
+        if self.watch.is_some() || !self.dir.is_dir() {
+            return;
+        }
+        match (self.open)(&self.dir) {
+            Ok(watch) => {
+                self.watch = Some(watch);
+                self.warned = false;
+            }
+            Err(err) if !self.warned => {
+                tracing::warn!(
+                    dir = %self.dir.display(),
+                    error = %err,
+                    "cannot watch the directory with inotify; polling it every {} instead",
+                    humantime::format_duration(self.polled_every)
+                );
+                self.warned = true;
+            }
+            Err(_) => {}
         }
     }
 }
@@ -194,7 +202,7 @@ pub(crate) fn inotify_inits() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::sync::{Arc, Mutex};
     use tokio::time::timeout;
 
     /// Whether `changed`, called before `change`, resolves soon after it.
@@ -217,7 +225,7 @@ mod tests {
     async fn a_missing_dir_is_retried_without_a_descriptor_and_watched_once_it_exists() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("infiniband");
-        let mut watched = WatchedDir::new(dir.clone());
+        let mut watched = WatchedDir::new(dir.clone(), Duration::from_secs(5));
         assert_eq!(idle_passes(&mut watched, 100).await, 0, "a missing dir");
 
         let inits = inotify_inits();
@@ -242,5 +250,132 @@ mod tests {
             2,
             "the recreated dir is watched anew"
         );
+    }
+
+    /// What the code under test logs, as text.
+    #[derive(Clone, Default)]
+    struct Log(Arc<Mutex<Vec<u8>>>);
+
+    impl io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Log {
+        /// Captures what this thread logs until the guard is dropped.
+        fn capture(&self) -> tracing::subscriber::DefaultGuard {
+            let log = self.clone();
+            tracing::subscriber::set_default(
+                tracing_subscriber::fmt()
+                    .with_writer(move || log.clone())
+                    .with_ansi(false)
+                    .finish(),
+            )
+        }
+
+        fn warnings(&self) -> Vec<String> {
+            String::from_utf8(self.0.lock().unwrap().clone())
+                .unwrap()
+                .lines()
+                .filter(|line| line.contains("WARN"))
+                .map(str::to_owned)
+                .collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn events_say_which_entry_appeared() {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let mut watch = DirWatch::new(dir.path()).unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let staged = outside.path().join("kubelet.sock");
+        let mut seen = Vec::new();
+        let changes: [(&str, &dyn Fn() -> io::Result<()>); 5] = [
+            ("created", &|| std::fs::write(&socket, b"")),
+            ("chmod", &|| {
+                std::fs::set_permissions(
+                    &socket,
+                    std::os::unix::fs::PermissionsExt::from_mode(0o600),
+                )
+            }),
+            ("removed", &|| std::fs::remove_file(&socket)),
+            ("moved in", &|| {
+                std::fs::write(&staged, b"").and_then(|()| std::fs::rename(&staged, &socket))
+            }),
+            ("other", &|| {
+                std::fs::write(dir.path().join("other.sock"), b"")
+            }),
+        ];
+        for (change, make) in changes {
+            make().unwrap();
+            let events = timeout(Duration::from_secs(5), watch.next())
+                .await
+                .unwrap()
+                .unwrap();
+            let creations = events
+                .iter()
+                .filter(|e| e.is_about("kubelet.sock") && e.is_creation())
+                .count();
+            seen.push((change, creations));
+        }
+        assert_eq!(
+            seen,
+            [
+                ("created", 1),
+                ("chmod", 0),
+                ("removed", 0),
+                ("moved in", 1),
+                ("other", 0)
+            ]
+        );
+    }
+
+    fn out_of_inotify_instances(_: &Path) -> io::Result<DirWatch> {
+        Err(nix::errno::Errno::EMFILE.into())
+    }
+
+    #[tokio::test]
+    async fn a_dir_inotify_cannot_watch_is_left_to_the_rescans_and_said_so_once() {
+        let log = Log::default();
+        let _capture = log.capture();
+        let root = tempfile::tempdir().unwrap();
+        let mut watched = WatchedDir::new(root.path().to_owned(), Duration::from_secs(5));
+        watched.open = out_of_inotify_instances;
+        for pass in 0..3 {
+            let node = root.path().join(format!("uverbs{pass}"));
+            let changed = watched.changed();
+            std::fs::write(&node, b"").unwrap();
+            assert!(
+                timeout(Duration::from_millis(50), changed).await.is_err(),
+                "a change with no watch"
+            );
+        }
+        let warnings = log.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        let dir = root.path().display().to_string();
+        for part in [
+            "cannot watch the directory with inotify; polling it every 5s instead",
+            &dir,
+            "Too many open files",
+        ] {
+            assert!(warnings[0].contains(part), "{part:?} in {}", warnings[0]);
+        }
+
+        // Once inotify works again, changes wake the rescan, and a later failure is said again.
+        watched.open = DirWatch::new;
+        let node = root.path().join("uverbs0");
+        assert!(fires(&mut watched, || std::fs::remove_file(&node)).await);
+        assert!(fires(&mut watched, || std::fs::remove_dir_all(root.path())).await);
+        std::fs::create_dir(root.path()).unwrap();
+        watched.open = out_of_inotify_instances;
+        assert!(timeout(Duration::ZERO, watched.changed()).await.is_err());
+        assert_eq!(log.warnings().len(), 2);
     }
 }

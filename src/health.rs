@@ -17,47 +17,80 @@ use tokio_util::sync::CancellationToken;
 
 use crate::discovery::{self, DevNum, DeviceIdStrategy, Efa, ListingError, Problem, Reads};
 use crate::fsread;
-use crate::fswatch::WatchedDir;
+use crate::rescan::Rescans;
 use crate::state::{Change, DeviceRecord, DeviceState, Observation, Verdict};
 
-/// Judges one device that the scan found (so it is in sysfs and bound to `efa`): only a
-/// character device with sysfs' `major:minor` is Healthy. The node becomes a `host_path` the
-/// runtime hands to containers, and a directory there would give them every node below it.
-/// `regular_files` also accepts an empty regular file, for a simulated node made without
-/// `CAP_MKNOD`; it is a test-only switch.
-pub(crate) fn assess(efa: &Efa, dev_root: &Path, regular_files: bool) -> Verdict {
-    let path = efa.node_path(dev_root);
-    let meta = match std::fs::symlink_metadata(&path) {
-        Ok(meta) => meta,
-        Err(err) if err.kind() == io::ErrorKind::NotFound => {
-            return Verdict::unhealthy(format!("{} is missing", path.display()));
+/// The health rules, and the dev root whose nodes they judge. Built once by whoever observes the
+/// node, and handed to every pass.
+#[derive(Clone, Debug)]
+pub struct Judge {
+    dev_root: PathBuf,
+    /// Test-only: see [`Judge::accepting_regular_files`].
+    #[cfg(any(test, feature = "testkit"))]
+    regular_files: bool,
+}
+
+impl Judge {
+    /// The product's rules for the nodes in `dev_root`.
+    pub fn new(dev_root: PathBuf) -> Self {
+        Judge {
+            dev_root,
+            #[cfg(any(test, feature = "testkit"))]
+            regular_files: false,
         }
-        Err(err) => return Verdict::unhealthy(format!("{}: {err}", path.display())),
-    };
-    let kind = meta.file_type();
-    if kind.is_char_device() {
-        let rdev = meta.rdev();
-        let found = DevNum {
-            major: nix::sys::stat::major(rdev) as u32,
-            minor: nix::sys::stat::minor(rdev) as u32,
+    }
+
+    /// With `accept`, also judges a regular file at a node path Healthy: the test kit's
+    /// simulated nodes are made without `CAP_MKNOD`. Only test builds have this rule.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn accepting_regular_files(mut self, accept: bool) -> Self {
+        self.regular_files = accept;
+        self
+    }
+
+    pub(crate) fn dev_root(&self) -> &Path {
+        &self.dev_root
+    }
+
+    /// Judges one device that the scan found (so it is in sysfs and bound to `efa`): only a
+    /// character device with sysfs' `major:minor` is Healthy. The node becomes a `host_path`
+    /// the runtime hands to containers, and a directory there would give them every node below
+    /// it.
+    pub(crate) fn verdict(&self, efa: &Efa) -> Verdict {
+        let path = efa.node_path(&self.dev_root);
+        let meta = match std::fs::symlink_metadata(&path) {
+            Ok(meta) => meta,
+            Err(err) if err.kind() == io::ErrorKind::NotFound => {
+                return Verdict::unhealthy(format!("{} is missing", path.display()));
+            }
+            Err(err) => return Verdict::unhealthy(format!("{}: {err}", path.display())),
         };
-        if found != efa.dev {
-            return Verdict::unhealthy(format!(
-                "{} is {found}, sysfs says {}",
-                path.display(),
-                efa.dev
-            ));
+        let kind = meta.file_type();
+        if kind.is_char_device() {
+            let rdev = meta.rdev();
+            let found = DevNum {
+                major: nix::sys::stat::major(rdev) as u32,
+                minor: nix::sys::stat::minor(rdev) as u32,
+            };
+            if found != efa.dev {
+                return Verdict::unhealthy(format!(
+                    "{} is {found}, sysfs says {}",
+                    path.display(),
+                    efa.dev
+                ));
+            }
+            return Verdict::healthy();
         }
-        return Verdict::healthy();
+        #[cfg(any(test, feature = "testkit"))]
+        if kind.is_file() && self.regular_files {
+            return Verdict::healthy();
+        }
+        Verdict::unhealthy(format!(
+            "{} is {}, not a character device",
+            path.display(),
+            fsread::describe(kind)
+        ))
     }
-    if kind.is_file() && regular_files {
-        return Verdict::healthy();
-    }
-    Verdict::unhealthy(format!(
-        "{} is {}, not a character device",
-        path.display(),
-        fsread::describe(kind)
-    ))
 }
 
 /// One pass over sysfs and the dev root.
@@ -86,23 +119,17 @@ pub fn rdma_netns_exclusive(sysfs_root: &Path) -> bool {
 }
 
 /// One full observation: scan sysfs, judge each device.
-pub fn observe(
-    sysfs_root: &Path,
-    ids: DeviceIdStrategy,
-    dev_root: &Path,
-    regular_files: bool,
-) -> Observed {
-    observe_guarded(sysfs_root, ids, dev_root, regular_files, &Reads::default())
+pub fn observe(sysfs_root: &Path, ids: DeviceIdStrategy, judge: &Judge) -> Observed {
+    observe_guarded(sysfs_root, ids, judge, &Reads::default())
 }
 
 /// How a pass observes the node; a parameter only so a test can stand in for a hung driver.
-type Observer = fn(&Path, DeviceIdStrategy, &Path, bool, &Reads) -> Observed;
+type Observer = fn(&Path, DeviceIdStrategy, &Judge, &Reads) -> Observed;
 
 fn observe_guarded(
     sysfs_root: &Path,
     ids: DeviceIdStrategy,
-    dev_root: &Path,
-    regular_files: bool,
+    judge: &Judge,
     reads: &Reads,
 ) -> Observed {
     let scan = discovery::scan_guarded(sysfs_root, ids, reads);
@@ -110,7 +137,7 @@ fn observe_guarded(
         .devices
         .into_iter()
         .map(|efa| {
-            let verdict = assess(&efa, dev_root, regular_files);
+            let verdict = judge.verdict(&efa);
             DeviceRecord { efa, verdict }
         })
         .collect();
@@ -214,9 +241,8 @@ impl ScanStats {
 /// `<dev-root>/infiniband` changes.
 pub(crate) struct Monitor {
     sysfs_root: PathBuf,
-    dev_root: PathBuf,
+    judge: Arc<Judge>,
     interval: Duration,
-    regular_files: bool,
     ids: DeviceIdStrategy,
     state: DeviceState,
     stats: Arc<ScanStats>,
@@ -234,15 +260,14 @@ const SETTLE: Duration = Duration::from_millis(20);
 impl Monitor {
     pub(crate) fn new(
         sysfs_root: PathBuf,
-        dev_root: PathBuf,
+        judge: Judge,
         interval: Duration,
         state: DeviceState,
     ) -> Self {
         Monitor {
             sysfs_root,
-            dev_root,
+            judge: Arc::new(judge),
             interval,
-            regular_files: false,
             ids: DeviceIdStrategy::default(),
             state,
             stats: Arc::new(ScanStats::new(interval)),
@@ -256,12 +281,6 @@ impl Monitor {
     /// Names each EFA by `ids` instead of the default strategy.
     pub(crate) fn with_ids(mut self, ids: DeviceIdStrategy) -> Self {
         self.ids = ids;
-        self
-    }
-
-    /// Judges regular files at the node paths Healthy (test-only: simulated nodes).
-    pub(crate) fn with_regular_files(mut self, regular_files: bool) -> Self {
-        self.regular_files = regular_files;
         self
     }
 
@@ -323,17 +342,15 @@ impl Monitor {
             }
             self.abandoned = None;
         }
-        let (sysfs_root, ids, dev_root, regular_files, reads, observe) = (
+        let (sysfs_root, ids, judge, reads, observe) = (
             self.sysfs_root.clone(),
             self.ids,
-            self.dev_root.clone(),
-            self.regular_files,
+            self.judge.clone(),
             self.reads.clone(),
             self.observer,
         );
-        let mut pass = tokio::task::spawn_blocking(move || {
-            observe(&sysfs_root, ids, &dev_root, regular_files, &reads)
-        });
+        let mut pass =
+            tokio::task::spawn_blocking(move || observe(&sysfs_root, ids, &judge, &reads));
         match tokio::time::timeout(PASS_DEADLINE, &mut pass).await {
             Ok(Ok(observed)) => Ok(observed),
             Ok(Err(panicked)) => Ok(Observed {
@@ -417,16 +434,10 @@ impl Monitor {
     }
 
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
-        let mut nodes_dir = WatchedDir::new(self.dev_root.join("infiniband"));
-        let mut ticker =
-            tokio::time::interval_at(tokio::time::Instant::now() + self.interval, self.interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-                () = nodes_dir.changed() => tokio::time::sleep(SETTLE).await,
-            }
+        let mut rescans = Rescans::every(self.interval, shutdown)
+            .watching(self.judge.dev_root().join("infiniband"))
+            .settling(SETTLE);
+        while rescans.due().await {
             self.refresh().await;
         }
     }
@@ -467,13 +478,7 @@ mod tests {
     /// `<sysfs>/hang`; the other devices read fine.
     const HUNG: &str = "rdmap32s27";
 
-    fn hung_driver(
-        sysfs: &Path,
-        _: DeviceIdStrategy,
-        _: &Path,
-        _: bool,
-        reads: &Reads,
-    ) -> Observed {
+    fn hung_driver(sysfs: &Path, _: DeviceIdStrategy, _: &Judge, reads: &Reads) -> Observed {
         let records = simulate::inventory(simulate::Shape::P4d)
             .devices()
             .filter(|d| d.efa.ibdev != HUNG)
@@ -523,7 +528,7 @@ mod tests {
         );
         let mut monitor = Monitor::new(
             sysfs.path().to_owned(),
-            sysfs.path().to_owned(),
+            Judge::new(sysfs.path().to_owned()),
             Duration::from_secs(5),
             state.clone(),
         );
@@ -560,7 +565,7 @@ mod tests {
 
     static PASSES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-    fn counted_pass(_: &Path, _: DeviceIdStrategy, _: &Path, _: bool, _: &Reads) -> Observed {
+    fn counted_pass(_: &Path, _: DeviceIdStrategy, _: &Judge, _: &Reads) -> Observed {
         PASSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Observed::default()
     }
@@ -578,7 +583,7 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         let mut monitor = Monitor::new(
             root.path().join("sys"),
-            root.path().join("dev"),
+            Judge::new(root.path().join("dev")),
             Duration::from_millis(1),
             DeviceState::default(),
         );
@@ -606,6 +611,35 @@ mod tests {
     }
 
     #[test]
+    fn a_regular_file_at_the_node_path_is_healthy_only_to_a_judge_that_accepts_them() {
+        let root = tempfile::tempdir().unwrap();
+        let (node, _) =
+            simulate::FakeNode::build(root.path(), simulate::Shape::P4d, simulate::Nodes::Files)
+                .unwrap();
+        let verdicts = |judge: &Judge| -> Vec<Option<String>> {
+            observe(&node.sysfs, DeviceIdStrategy::default(), judge)
+                .records
+                .into_iter()
+                .map(|record| record.verdict.reason)
+                .collect()
+        };
+        let product = verdicts(&Judge::new(node.dev.clone()));
+        assert_eq!(product.len(), 4);
+        for reason in &product {
+            let reason = reason.as_deref().unwrap_or("healthy");
+            assert!(
+                reason.ends_with("is a regular file, not a character device"),
+                "{reason}"
+            );
+        }
+        assert_eq!(verdicts(&node.judge()), [None, None, None, None]);
+        assert_eq!(
+            verdicts(&Judge::new(node.dev.clone()).accepting_regular_files(false)),
+            product
+        );
+    }
+
+    #[test]
     fn only_a_clear_n_in_netns_mode_means_exclusive() {
         let root = tempfile::tempdir().unwrap();
         let (node, _) =
@@ -617,7 +651,7 @@ mod tests {
         );
         node.set_rdma_netns_mode(Some("N")).unwrap();
         assert!(rdma_netns_exclusive(&node.sysfs));
-        assert!(observe(&node.sysfs, DeviceIdStrategy::default(), &node.dev, true).netns_exclusive);
+        assert!(observe(&node.sysfs, DeviceIdStrategy::default(), &node.judge()).netns_exclusive);
         node.set_rdma_netns_mode(None).unwrap();
         assert!(!rdma_netns_exclusive(&node.sysfs), "no ib_core: shared");
         let parameter = node.sysfs.join("module/ib_core/parameters/netns_mode");
@@ -634,11 +668,10 @@ mod tests {
         let state = DeviceState::default();
         let mut monitor = Monitor::new(
             node.sysfs.clone(),
-            node.dev.clone(),
+            node.judge(),
             Duration::from_secs(5),
             state.clone(),
-        )
-        .with_regular_files(true);
+        );
         monitor.refresh().await;
         assert!(!state.current().netns_exclusive());
         node.set_rdma_netns_mode(Some("N")).unwrap();

@@ -6,6 +6,7 @@
 
 pub mod allocation;
 pub mod app;
+pub(crate) mod backoff;
 pub(crate) mod cdi;
 pub(crate) mod competitor;
 pub mod config;
@@ -21,6 +22,7 @@ pub mod lifecycle;
 pub mod list;
 pub(crate) mod nfd;
 pub mod proto;
+pub(crate) mod rescan;
 pub(crate) mod service;
 pub mod state;
 pub mod telemetry;

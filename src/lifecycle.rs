@@ -19,7 +19,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::Allocator;
-use crate::fswatch::{DirEvent, DirWatch};
+use crate::backoff::Backoff;
+use crate::fswatch::DirWatch;
 use crate::proto::deviceplugin::{
     KUBELET_SOCKET, RegisterRequest, VERSION, registration_client::RegistrationClient,
 };
@@ -394,7 +395,7 @@ impl Lifecycle {
                 _ = shutdown.cancelled() => return false,
                 _ = &mut deadline => return true,
                 events = watch.next() => match events {
-                    Ok(events) if !events.iter().any(|e| e.is_about(KUBELET_SOCKET) && is_creation(e)) => {}
+                    Ok(events) if !events.iter().any(|e| e.is_about(KUBELET_SOCKET) && e.is_creation()) => {}
                     _ => return true,
                 },
             }
@@ -459,39 +460,39 @@ async fn socket_lost(watch: &mut DirWatch, generation: &Generation) {
     }
 }
 
-fn is_creation(event: &DirEvent) -> bool {
-    use nix::sys::inotify::AddWatchFlags;
-    event
-        .mask
-        .intersects(AddWatchFlags::IN_CREATE | AddWatchFlags::IN_MOVED_TO)
-}
-
 /// Consecutive registrations whose stream the kubelet ended within [`STABLE_AFTER`]. A kubelet
 /// that rejects every stream (say, a device list over its message limit) would otherwise be
 /// re-registered with as fast as it can answer, with a log line each time.
-#[derive(Default)]
 struct Churn {
     streak: u32,
+    backoff: Backoff,
+}
+
+impl Default for Churn {
+    fn default() -> Self {
+        Churn {
+            streak: 0,
+            backoff: Backoff::new(FIRST_RETRY, CHURN_CAP),
+        }
+    }
 }
 
 impl Churn {
-    /// The pause before registering again: none for a first ending, then doubling up to
-    /// [`CHURN_CAP`]. Logs once, on entering the backoff.
+    /// The pause before registering again: none for a first ending, then [`FIRST_RETRY`]
+    /// doubling up to [`CHURN_CAP`]. Logs once, on entering the backoff.
     fn stream_ended(&mut self) -> Option<Duration> {
         self.streak += 1;
-        let doublings = self.streak.checked_sub(2)?;
-        if doublings == 0 {
+        if self.streak == 1 {
+            return None;
+        }
+        if self.streak == 2 {
             tracing::warn!(
                 within = ?STABLE_AFTER,
-                cap = ?CHURN_CAP,
+                cap = ?self.backoff.cap(),
                 "the kubelet keeps ending the ListAndWatch stream; registering with growing pauses, quietly, until a stream lasts"
             );
         }
-        Some(
-            FIRST_RETRY
-                .saturating_mul(1 << doublings.min(16))
-                .min(CHURN_CAP),
-        )
+        Some(self.backoff.next_pause())
     }
 
     fn backing_off(&self) -> bool {
@@ -508,6 +509,7 @@ impl Churn {
             );
         }
         self.streak = 0;
+        self.backoff.reset();
     }
 }
 
@@ -515,12 +517,20 @@ impl Churn {
 /// kubelet that keeps refusing is tried every few seconds for as long as it refuses, so each
 /// attempt is not logged: only the first failure, a failure for another reason, and the
 /// registration that ends the streak.
-#[derive(Default)]
 struct Failures {
     count: u32,
     logged: Option<String>,
-    /// The last pause; the next doubles it, up to [`LAST_RETRY`].
-    paused: Option<Duration>,
+    backoff: Backoff,
+}
+
+impl Default for Failures {
+    fn default() -> Self {
+        Failures {
+            count: 0,
+            logged: None,
+            backoff: Backoff::new(FIRST_RETRY, LAST_RETRY),
+        }
+    }
 }
 
 impl Failures {
@@ -528,10 +538,7 @@ impl Failures {
     /// doubling up to [`LAST_RETRY`].
     fn failed(&mut self, error: String) -> Duration {
         self.count += 1;
-        let pause = self
-            .paused
-            .map_or(FIRST_RETRY, |last| (last * 2).min(LAST_RETRY));
-        self.paused = Some(pause);
+        let pause = self.backoff.next_pause();
         if self.logged.as_ref() == Some(&error) {
             tracing::debug!(error, attempts = self.count, retry_in = ?pause, "registration with the kubelet failed again");
             return pause;
@@ -539,7 +546,7 @@ impl Failures {
         tracing::warn!(
             error,
             retry_in = ?pause,
-            max_pause = ?LAST_RETRY,
+            max_pause = ?self.backoff.cap(),
             "registration with the kubelet failed; retrying with growing pauses, logged again only if the error changes"
         );
         self.logged = Some(error);
@@ -600,6 +607,7 @@ async fn persist<T>(
     mut attempt: impl FnMut() -> anyhow::Result<T>,
 ) -> Option<T> {
     let mut logged = false;
+    let mut retry = Backoff::constant(LAST_RETRY);
     loop {
         match attempt() {
             Ok(done) => return Some(done),
@@ -609,9 +617,8 @@ async fn persist<T>(
             }
             Err(_) => {}
         }
-        tokio::select! {
-            _ = shutdown.cancelled() => return None,
-            _ = tokio::time::sleep(LAST_RETRY) => {}
+        if !retry.sleep(shutdown).await {
+            return None;
         }
     }
 }
@@ -631,5 +638,50 @@ mod tests {
         assert_eq!(failures.recovered(), Some(9));
         assert_eq!(failures.recovered(), None);
         assert_eq!(failures.failed("refused".into()), FIRST_RETRY);
+    }
+
+    #[test]
+    fn a_churning_kubelet_is_registered_with_at_once_then_with_growing_pauses() {
+        let mut churn = Churn::default();
+        let pauses: Vec<Option<u64>> = (0..12)
+            .map(|_| churn.stream_ended().map(|p| p.as_millis() as u64))
+            .collect();
+        let doubling = [
+            100, 200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000, 30000,
+        ];
+        assert_eq!(pauses[0], None, "a first ending re-registers at once");
+        assert_eq!(pauses[1..], doubling.map(Some));
+        assert!(churn.backing_off());
+        churn.settle();
+        assert!(!churn.backing_off());
+        assert_eq!(churn.stream_ended(), None);
+        assert_eq!(churn.stream_ended(), Some(FIRST_RETRY));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failing_setup_is_retried_every_five_seconds_until_it_works_or_shutdown() {
+        let shutdown = CancellationToken::new();
+        let started = tokio::time::Instant::now();
+        let mut tries = Vec::new();
+        let done = persist("cannot set up", &shutdown, || {
+            tries.push(started.elapsed().as_secs());
+            if tries.len() < 4 {
+                anyhow::bail!("not yet");
+            }
+            Ok("set up")
+        })
+        .await;
+        assert_eq!(done, Some("set up"));
+        assert_eq!(tries, [0, 5, 10, 15]);
+
+        let stopping = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(7)).await;
+            stopping.cancel();
+        });
+        let started = tokio::time::Instant::now();
+        let never = persist("cannot set up", &shutdown, || anyhow::bail!("never"));
+        assert_eq!(never.await, None::<()>);
+        assert_eq!(started.elapsed(), Duration::from_secs(7));
     }
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::cdi::{Kind, device_name};
 use crate::config::{OutputFormat, Settings};
 use crate::conflict;
-use crate::health;
+use crate::health::{self, Judge};
 use crate::state::{Health, Verdict};
 
 #[derive(Serialize)]
@@ -44,12 +44,10 @@ fn cdi_cell(names: &[String]) -> String {
 }
 
 pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> anyhow::Result<()> {
-    let observed = health::observe(
-        &settings.sysfs_root,
-        settings.device_id_strategy,
-        &settings.dev_root,
-        settings.test_only_regular_file_nodes,
-    );
+    let judge = Judge::new(settings.dev_root.clone());
+    #[cfg(feature = "testkit")]
+    let judge = judge.accepting_regular_files(settings.test_only_regular_file_nodes);
+    let observed = health::observe(&settings.sysfs_root, settings.device_id_strategy, &judge);
     if let Some(failed) = observed.failed {
         anyhow::bail!("{}", failed.message);
     }
@@ -68,13 +66,13 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
         && let Some((driver, socket)) =
             conflict::find_driver(&settings.plugins_registry_dir, &settings.dra_drivers)
     {
-        let reason = conflict::describe(&driver, &socket, &settings.resource_name);
+        let reason = conflict::describe(&driver, &socket, settings.resource_name.as_str());
         eprintln!("warning: {reason}");
         for record in &mut records {
             record.verdict = Verdict::unhealthy(reason.clone());
         }
     }
-    let kind = Kind::of(&settings.resource_name).ok();
+    let kind = settings.resource_name.cdi_kind().ok();
     match format {
         OutputFormat::Json => {
             let rows: Vec<Row> = records
@@ -86,7 +84,7 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
                     uverbs: &r.efa.uverbs,
                     numa_node: r.efa.numa_node,
                     health: r.verdict.health,
-                    cdi_devices: cdi_names(settings, kind.as_ref(), &r.efa.id),
+                    cdi_devices: cdi_names(settings, kind, &r.efa.id),
                 })
                 .collect();
             serde_json::to_writer_pretty(&mut *out, &rows)?;
@@ -110,7 +108,7 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
                     numa,
                     r.verdict.health.to_string(),
                     format!("{}:{}", r.efa.vendor, r.efa.device),
-                    cdi_cell(&cdi_names(settings, kind.as_ref(), &r.efa.id)),
+                    cdi_cell(&cdi_names(settings, kind, &r.efa.id)),
                     r.verdict.reason.as_deref().unwrap_or("")
                 )?;
             }

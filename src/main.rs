@@ -29,6 +29,7 @@ fn main() -> ExitCode {
         Command::List { output } => list::print(&settings, output, &mut std::io::stdout()),
         #[cfg(feature = "demo")]
         Command::Demo => efa_device_plugin::demo::run(),
+        Command::Settings { output } => config::print_settings(output, &mut std::io::stdout()),
         Command::Config { schema: false } => serde_yaml::to_string(&settings)
             .map_err(anyhow::Error::from)
             .and_then(|yaml| Ok(std::io::stdout().write_all(yaml.as_bytes())?)),

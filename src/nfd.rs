@@ -79,7 +79,7 @@ mod tests {
         let (node, _) = FakeNode::build(root.path(), shape, Nodes::Files).unwrap();
         let state = DeviceState::default();
         state.apply(
-            health::observe(&node.sysfs, DeviceIdStrategy::default(), &node.dev, true).records,
+            health::observe(&node.sysfs, DeviceIdStrategy::default(), &node.judge()).records,
         );
         (*state.current()).clone()
     }

@@ -24,7 +24,7 @@ use tonic::{Request, Response, Status};
 
 use crate::allocation::sharing::Sharing;
 use crate::allocation::{AllocateError, Allocator};
-use crate::config::ConfigError;
+use crate::config::{ConfigError, Origin};
 use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     NumaNode, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
@@ -170,6 +170,7 @@ const CDI_BYTES_PER_ID: usize = 800;
 pub(crate) fn check_sharing_fits(
     inventory: &Inventory,
     sharing: Sharing,
+    origin: &Origin,
     cdi: bool,
 ) -> Result<(), ConfigError> {
     let size = |sharing: Sharing| {
@@ -209,7 +210,7 @@ pub(crate) fn check_sharing_fits(
         )
     };
     Err(ConfigError(format!(
-        "--sharing-replicas (sharing.replicas) {replicas}: {why}; at most {fitting} fit"
+        "{origin} {replicas}: {why}; at most {fitting} fit"
     )))
 }
 
@@ -497,10 +498,12 @@ mod tests {
     fn a_cdi_spec_too_large_for_the_pods_memory_is_refused_with_the_largest_count_that_fits() {
         // The most EFAs whose list at 64 replicas fits the kubelet's message limit.
         let dense = inventory(Shape::Dense(1780));
-        assert_eq!(check_sharing_fits(&dense, shared(64), false), Ok(()));
-        let refused = check_sharing_fits(&dense, shared(64), true).unwrap_err().0;
+        let origin = Origin::File("/etc/efa/config.yaml".into(), "sharing.replicas".into());
+        let fits = |replicas, cdi| check_sharing_fits(&dense, shared(replicas), &origin, cdi);
+        assert_eq!(fits(64, false), Ok(()));
+        let refused = fits(64, true).unwrap_err().0;
         assert!(
-            refused.starts_with("--sharing-replicas (sharing.replicas) 64:"),
+            refused.starts_with("config file /etc/efa/config.yaml: sharing.replicas 64:"),
             "{refused}"
         );
         assert!(
@@ -515,8 +518,8 @@ mod tests {
             .parse()
             .unwrap();
         assert!((1..64).contains(&fitting), "{refused}");
-        assert_eq!(check_sharing_fits(&dense, shared(fitting), true), Ok(()));
-        assert!(check_sharing_fits(&dense, shared(fitting + 1), true).is_err());
+        assert_eq!(fits(fitting, true), Ok(()));
+        assert!(fits(fitting + 1, true).is_err());
     }
 
     #[test]

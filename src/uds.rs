@@ -18,6 +18,8 @@ use tonic::server::NamedService;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tower::{Service, service_fn};
 
+use crate::backoff::Backoff;
+
 /// Opens a channel to the gRPC server on `path`. The `:authority` is `localhost`, as the
 /// kubelet sends it.
 pub async fn dial(path: &Path) -> Result<Channel, tonic::transport::Error> {
@@ -37,15 +39,14 @@ pub(crate) async fn dial_patiently(
             let path = path.clone();
             let deadline = Instant::now() + patience;
             async move {
-                let mut pause = Duration::from_millis(1);
+                let mut retry = Backoff::new(Duration::from_millis(1), REFUSED_RETRY);
                 loop {
                     match UnixStream::connect(&path).await {
                         Err(err)
                             if err.kind() == io::ErrorKind::ConnectionRefused
                                 && Instant::now() < deadline =>
                         {
-                            tokio::time::sleep(pause).await;
-                            pause = (pause * 2).min(REFUSED_RETRY);
+                            tokio::time::sleep(retry.next_pause()).await;
                         }
                         connected => return connected.map(TokioIo::new),
                     }

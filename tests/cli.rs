@@ -285,6 +285,84 @@ fn invalid_resource_names_are_refused_like_the_kubelet_does() {
 }
 
 #[test]
+fn a_bad_log_level_is_refused_naming_where_it_came_from() {
+    assert_one_line_error(
+        run_binary(&["config"], &[("EFA_DP_LOG_LEVEL", "info,efa=loud")]),
+        &["EFA_DP_LOG_LEVEL", "invalid log level \"info,efa=loud\""],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "log-level: \"a[b\"\n");
+    assert_one_line_error(
+        run_binary(&["--config", &config, "config"], &[]),
+        &[&format!(
+            "config file {config}: log-level: invalid log level"
+        )],
+    );
+}
+
+/// The last line of a start that failed once the node was scanned or a port bound: the plugin
+/// has logged before it.
+fn last_line_of_a_failed_start(args: &[&str], env: &[(&str, &str)], code: i32) -> String {
+    let (exit, _, stderr) = run_binary(args, env);
+    assert_eq!(exit, code, "{stderr}");
+    stderr.trim().lines().last().unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn sharing_that_does_not_fit_the_node_names_where_the_count_came_from() {
+    let h = support::Harness::new(Shape::Dense(1000));
+    let spec_dir = h.root.path().join("cdi").display().to_string();
+    let mut args = h.args();
+    args.extend(["--device-list-strategy", "cdi", "--cdi-spec-dir", &spec_dir].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let last = last_line_of_a_failed_start(&args, &[("EFA_DP_SHARING_REPLICAS", "64")], 2);
+    assert!(
+        last.starts_with("EFA_DP_SHARING_REPLICAS 64: 1000 EFAs in cdi mode")
+            && last.ends_with(" fit"),
+        "{last}"
+    );
+}
+
+#[test]
+fn a_taken_metrics_port_names_the_variable_that_chose_it() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().display().to_string();
+    let last = last_line_of_a_failed_start(
+        &["--device-plugin-dir", &plugins],
+        &[("EFA_DP_METRICS_ADDRESS", &address)],
+        1,
+    );
+    assert!(
+        last.starts_with(&format!("error: EFA_DP_METRICS_ADDRESS {address}: ")),
+        "{last}"
+    );
+}
+
+#[test]
+fn the_config_file_may_say_it_is_v1_and_no_other_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "version: v1\nrescan-interval: 2s\n");
+    let (code, stdout, stderr) = run_binary(&["--config", &config, "config"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("rescan-interval: 2s"), "{stdout}");
+    for (text, problem) in [
+        (
+            "version: v2\n",
+            "unknown version \"v2\", this plugin reads v1",
+        ),
+        ("version: 1\n", "must be a string, one of v1"),
+    ] {
+        let config = write_config(dir.path(), text);
+        assert_one_line_error(
+            run_binary(&["--config", &config, "config"], &[]),
+            &[&format!("config file {config}: version: {problem}")],
+        );
+    }
+}
+
+#[test]
 fn bad_log_format_is_named() {
     assert_one_line_error(run_binary(&["--log-format", "xml"], &[]), &["--log-format"]);
 }

@@ -114,17 +114,17 @@ fuzz_target!(|entries: Vec<Entry>| {
         .tempdir_in("/dev/shm")
         .or_else(|_| tempfile::tempdir())
         .expect("temp dir");
-    simulate::FakeNode::build(&root.path(), Shape::P4d, Nodes::Files).expect("simulated node");
+    let (node, _) =
+        simulate::FakeNode::build(&root.path(), Shape::P4d, Nodes::Files).expect("simulated node");
     for entry in entries.iter().take(64) {
         lay_out(root.path(), entry);
     }
-    // The simulated node's uverbs nodes are regular files (Nodes::Files), so the test-only
-    // switch judges them as the plugin judges character devices.
+    // The simulated node's uverbs nodes are regular files (Nodes::Files), which its judge takes
+    // for the character devices they stand in for.
     let observed = efa_device_plugin::health::observe(
-        &root.path().join("sys"),
+        &node.sysfs,
         efa_device_plugin::discovery::DeviceIdStrategy::default(),
-        &root.path().join("dev"),
-        true,
+        &node.judge(),
     );
     let (records, problems) = (observed.records, observed.problems);
     // Every device the scan keeps is one the kubelet could be given: a non-empty, unique ID.

@@ -15,12 +15,12 @@ use tracing_subscriber::EnvFilter;
 use crate::config::LogFormat;
 
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `level`.
-pub(crate) fn init_logging(format: LogFormat, level: &str) -> anyhow::Result<()> {
+pub(crate) fn init_logging(format: LogFormat, level: EnvFilter) -> anyhow::Result<()> {
     let filter = match std::env::var("RUST_LOG") {
         Ok(directives) if !directives.is_empty() => {
             EnvFilter::try_new(directives).map_err(|err| anyhow::anyhow!("RUST_LOG: {err}"))?
         }
-        _ => EnvFilter::try_new(level).map_err(|err| anyhow::anyhow!("--log-level: {err}"))?,
+        _ => level,
     };
     // Colour codes only for a person at a terminal; in a container log they are noise.
     let ansi = std::io::stderr().is_terminal();

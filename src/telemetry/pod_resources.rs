@@ -18,6 +18,7 @@ use crate::proto::podresources::{
     ListPodResourcesRequest, ListPodResourcesResponse,
     pod_resources_lister_client::PodResourcesListerClient,
 };
+use crate::rescan::Rescans;
 use crate::state::{DeviceReader, ForeignHold, Holder, Holdings, Inventory};
 use crate::uds;
 
@@ -107,13 +108,8 @@ impl PodResources {
     ) {
         let mut warned: BTreeSet<Pod> = BTreeSet::new();
         let mut warned_dra: BTreeSet<Pod> = BTreeSet::new();
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rescans = Rescans::every(interval, shutdown);
         loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                _ = ticker.tick() => {}
-            }
             let inventory = state.current();
             let next = match self.poll().await {
                 Some(response) => derive(&response, &self.resource_name, &inventory, sharing),
@@ -128,6 +124,9 @@ impl PodResources {
                 }
                 changed
             });
+            if !rescans.due().await {
+                return;
+            }
         }
     }
 }

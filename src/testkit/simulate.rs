@@ -19,6 +19,7 @@ use std::io;
 use std::path::{Component, Path, PathBuf};
 
 use crate::discovery::{DevNum, DeviceIdStrategy, Efa};
+use crate::health::Judge;
 use crate::state::{DeviceRecord, Inventory, Verdict};
 
 /// The kernel's static uverbs major; the first 32 nodes use minors from 192.
@@ -507,6 +508,12 @@ pub struct FakeNode {
 }
 
 impl FakeNode {
+    /// How the plugin judges this node's devices: with [`Nodes::Files`], a regular file stands
+    /// in for the character device.
+    pub fn judge(&self) -> Judge {
+        Judge::new(self.dev.clone()).accepting_regular_files(matches!(self.nodes, Nodes::Files))
+    }
+
     /// Lays out `shape` under `root`.
     pub fn build(
         root: &Path,

@@ -13,6 +13,7 @@ version agrees with Cargo.toml.
 usage: drift_check.py BINARY REPO_ROOT RENDERED.yaml...
 """
 
+import json
 import os
 import re
 import subprocess
@@ -25,9 +26,10 @@ import yaml
 
 import rendered
 
-# What the plugin uses under each path option, and where the kubelet or the
-# kernel puts that on the host: (part under the option, host path, whether the
-# plugin writes there).
+# Which options are paths comes from the binary's settings table
+# (`efa-device-plugin settings`); what is known here is where the kubelet or the
+# kernel puts each on the host, which the binary cannot know. For each path
+# option: (part under the option, host path, whether the plugin writes there).
 HOST_LOCATIONS = {
     "device-plugin-dir": ("", "/var/lib/kubelet/device-plugins", True),
     "pod-resources-socket": ("", "/var/lib/kubelet/pod-resources/kubelet.sock", False),
@@ -35,9 +37,9 @@ HOST_LOCATIONS = {
     "dev-root": ("infiniband", "/dev/infiniband", False),
     "sysfs-root": ("", "/sys", False),
 }
-# Options naming a file that others read on the host, at the same path; the
-# plugin writes it, and an empty value turns the feature off.
-SHARED_FILES = {"nfd-features-file"}
+# A path option without a default names a file that others read on the host,
+# at the same path; the plugin writes it, and an empty value turns the feature
+# off (e.g. nfd-features-file).
 # Paths the plugin uses only under one setting: option -> (setting, value,
 # host path it must be mounted from, whether the plugin writes there). The CDI
 # spec dir is where the runtime looks for specs.
@@ -67,6 +69,27 @@ class Checks:
 def run(binary, *args):
     env = {k: v for k, v in os.environ.items() if not k.startswith("EFA_DP_")}
     return subprocess.run([binary, *args], capture_output=True, text=True, env=env, check=False)
+
+
+def path_options(binary):
+    """The binary's path options, split into those with a default and the
+    shared files, which have none; `--config` is checked on its own."""
+    result = run(binary, "settings", "--output", "json")
+    rows = json.loads(result.stdout) if result.returncode == 0 else []
+    paths = [row for row in rows if row["path"] and row["flag"] != "config"]
+    return {row["flag"] for row in paths if row["default"]}, {row["flag"] for row in paths if not row["default"]}
+
+
+def check_path_options(checks, located, shared):
+    """Every path option of the binary has its host location here, and every
+    location here is an option of the binary, so neither can be renamed or
+    added alone."""
+    checks.expect(located or shared, "the binary lists its path options (settings --output json)")
+    known = set(HOST_LOCATIONS) | set(CONDITIONAL_LOCATIONS)
+    for option in sorted(located - known):
+        checks.expect(False, f"--{option} is a path of the binary with no host location in drift_check.py")
+    for option in sorted(known - located):
+        checks.expect(False, f"--{option} has a host location in drift_check.py but is no path option of the binary")
 
 
 def help_surface(binary):
@@ -110,7 +133,7 @@ def host_path_of(mount, volume, path):
     return str(PurePosixPath(volume["hostPath"]["path"]) / rest)
 
 
-def check_rendering(checks, binary, flags, commands, path):
+def check_rendering(checks, binary, flags, commands, paths, path):
     docs = rendered.load(path)
     ds = rendered.one(docs, "DaemonSet")
     cm = rendered.plugin_configmap(docs)
@@ -155,10 +178,15 @@ def check_rendering(checks, binary, flags, commands, path):
         )
 
     used_volumes = {mount["name"]} if mount else set()
-    locations = dict(HOST_LOCATIONS)
-    locations.update({o: ("", effective[o], True) for o in SHARED_FILES if effective.get(o)})
+    located, shared = paths
+    locations = {o: HOST_LOCATIONS[o] for o in located if o in HOST_LOCATIONS}
+    locations.update({o: ("", effective[o], True) for o in shared if effective.get(o)})
     locations.update(
-        {o: ("", host, writes) for o, (setting, value, host, writes) in CONDITIONAL_LOCATIONS.items() if effective.get(setting) == value}
+        {
+            o: ("", host, writes)
+            for o, (setting, value, host, writes) in CONDITIONAL_LOCATIONS.items()
+            if o in located and effective.get(setting) == value
+        }
     )
     for option, (part, host, writes) in locations.items():
         value = effective.get(option)
@@ -224,8 +252,10 @@ def main(binary, repo, *renderings):
     checks = Checks()
     flags, commands = help_surface(binary)
     checks.expect("config" in commands, "the binary has the config subcommand")
+    paths = path_options(binary)
+    check_path_options(checks, *paths)
     for path in renderings:
-        check_rendering(checks, binary, flags, commands, path)
+        check_rendering(checks, binary, flags, commands, paths, path)
     check_versions(checks, repo, renderings)
     print(f"{checks.total} drift checks, {checks.failures} failed")
     return 1 if checks.failures else 0

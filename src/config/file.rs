@@ -1,0 +1,209 @@
+//! The config file given by `--config`: read within its limits, and filed by dotted key.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde_yaml::Value;
+
+use super::origin::ConfigError;
+
+/// A config file is a few hundred bytes; the cap keeps a wrong path (a log, a disk image) from
+/// being read whole.
+pub(super) const CONFIG_SIZE_LIMIT: u64 = 1 << 20;
+/// The schema nests two levels; the YAML parser's cost grows with the square of the depth, so
+/// deeper input is refused before it is parsed.
+pub(super) const CONFIG_DEPTH_LIMIT: usize = 32;
+
+/// The key naming the file's format, and the formats this plugin reads; a file without the key
+/// is the first. A later format can then change the keys without an old file being misread.
+pub(super) const VERSION_KEY: &str = "version";
+pub(super) const VERSIONS: [&str; 1] = ["v1"];
+
+/// The config file's values by their dotted key, e.g. `sharing.replicas`.
+pub(super) type FileValues = BTreeMap<&'static str, Value>;
+
+/// A config file as read: its text, and its values by dotted key.
+pub(super) struct Document {
+    pub text: String,
+    pub values: FileValues,
+}
+
+/// Reads the file at `path` into its values under `keys`, the dotted keys the file may hold.
+pub(super) fn read(path: &Path, keys: &[&'static str]) -> Result<Document, ConfigError> {
+    let problem = |what: String| ConfigError(format!("config file {}: {what}", path.display()));
+    let text = crate::fsread::read_text(path, CONFIG_SIZE_LIMIT)
+        .map_err(|err| problem(err.to_string()))?;
+    let mut values = FileValues::new();
+    let depth = nesting_depth(&text);
+    if depth > CONFIG_DEPTH_LIMIT {
+        return Err(problem(format!(
+            "nested {depth} levels deep, more than the {CONFIG_DEPTH_LIMIT} allowed"
+        )));
+    }
+    let mut document: Value =
+        serde_yaml::from_str(&text).map_err(|err| problem(err.to_string().replace('\n', " ")))?;
+    check_version(&mut document).map_err(problem)?;
+    // An empty file, or one of comments only, is an empty document: the defaults.
+    if !document.is_null() {
+        collect(&document, "", keys, &mut values).map_err(problem)?;
+    }
+    Ok(Document { text, values })
+}
+
+/// Takes the version key out of the document, refusing a format this plugin does not read. As
+/// with a setting, a null (`version:` alone) leaves it unset.
+fn check_version(document: &mut Value) -> Result<(), String> {
+    let Value::Mapping(entries) = document else {
+        return Ok(());
+    };
+    match entries.remove(VERSION_KEY) {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::String(version)) if VERSIONS.contains(&version.as_str()) => Ok(()),
+        Some(Value::String(version)) => Err(format!(
+            "{VERSION_KEY}: unknown version {version:?}, this plugin reads {}",
+            VERSIONS.join(", ")
+        )),
+        Some(_) => Err(format!(
+            "{VERSION_KEY}: must be a string, one of {}",
+            VERSIONS.join(", ")
+        )),
+    }
+}
+
+/// Files the entries of one mapping, the document or a group such as `sharing:`, under their
+/// dotted keys. An unknown key is an error, so a typo cannot silently fall back to a default.
+fn collect(
+    mapping: &Value,
+    prefix: &str,
+    keys: &[&'static str],
+    values: &mut FileValues,
+) -> Result<(), String> {
+    let Value::Mapping(entries) = mapping else {
+        return Err(format!("{prefix}expected a map of settings"));
+    };
+    for (name, value) in entries {
+        let dotted = format!("{prefix}{}", yaml_scalar(name));
+        if let Some(key) = keys.iter().find(|key| **key == dotted) {
+            values.insert(key, value.clone());
+        } else if keys
+            .iter()
+            .any(|key| key.starts_with(&format!("{dotted}.")))
+        {
+            collect(value, &format!("{dotted}."), keys, values)?;
+        } else {
+            return Err(format!(
+                "unknown key `{dotted}` (the keys are the long flag names, see --help)"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A YAML scalar as the text a flag would carry; a tag such as `!foo` is ignored.
+pub(super) fn scalar_text(value: &Value) -> Result<String, String> {
+    match value {
+        Value::String(_) | Value::Number(_) | Value::Bool(_) => Ok(yaml_scalar(value)),
+        Value::Tagged(tagged) => scalar_text(&tagged.value),
+        Value::Null | Value::Sequence(_) | Value::Mapping(_) => {
+            Err("must be a string, number or boolean (use \"\" for empty)".to_owned())
+        }
+    }
+}
+
+/// An upper bound on how deep the YAML in `text` nests, found without parsing it: per line, its
+/// indentation (two columns a level), its leading `- ` and `? ` entries, and the `[`/`{` flow
+/// collections open at its end. It may overcount (brackets in a plain scalar), never
+/// undercount, which is the safe side for a limit far above what the schema needs.
+pub(super) fn nesting_depth(text: &str) -> usize {
+    let mut flow: usize = 0;
+    let mut deepest = 0;
+    for line in text.lines() {
+        let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
+        let mut rest = line.trim_start();
+        let mut entries = 0;
+        while let Some(after) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("? ")) {
+            entries += 1;
+            rest = after.trim_start();
+        }
+        let mut quote = None;
+        for c in rest.chars() {
+            match (quote, c) {
+                (None, '#') => break,
+                (None, '\'' | '"') => quote = Some(c),
+                (Some(open), c) if c == open => quote = None,
+                (None, '[' | '{') => flow += 1,
+                (None, ']' | '}') => flow = flow.saturating_sub(1),
+                _ => {}
+            }
+            deepest = deepest.max(flow);
+        }
+        deepest = deepest.max(indent.div_ceil(2) + entries + flow);
+    }
+    deepest
+}
+
+/// A YAML scalar as the text a flag would carry, so the file is parsed like the flag.
+pub(super) fn yaml_scalar(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => serde_yaml::to_string(other)
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_known_version_is_taken_and_none_means_v1() {
+        let keys = ["rescan-interval"];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        let read_text = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            read(&path, &keys).map(|document| document.values)
+        };
+        for text in [
+            "rescan-interval: 2s\n",
+            "version: v1\nrescan-interval: 2s\n",
+        ] {
+            let values = read_text(text).unwrap();
+            assert_eq!(
+                values.keys().collect::<Vec<_>>(),
+                [&"rescan-interval"],
+                "{text}"
+            );
+        }
+        assert!(read_text("version:\n").unwrap().is_empty());
+        let refused = |text: &str| read_text(text).unwrap_err().0;
+        let unknown = refused("version: v2\nrescan-interval: 2s\n");
+        assert!(
+            unknown.ends_with(": version: unknown version \"v2\", this plugin reads v1"),
+            "{unknown}"
+        );
+        for text in ["version: 1\n", "version: [v1]\n", "version: true\n"] {
+            let wrong = refused(text);
+            assert!(
+                wrong.ends_with(": version: must be a string, one of v1"),
+                "{wrong}"
+            );
+            assert!(wrong.contains(path.to_str().unwrap()), "{wrong}");
+        }
+    }
+
+    #[test]
+    fn nesting_depth_bounds_block_compact_and_flow_nesting() {
+        assert_eq!(nesting_depth("sharing:\n  replicas: 1\n"), 1);
+        assert_eq!(nesting_depth("dra-drivers:\n  - dra.net\n"), 2);
+        assert_eq!(nesting_depth("a: [[[1]]]\n"), 3);
+        assert_eq!(nesting_depth("a: \"[[[\" # [[[\n"), 0);
+        assert_eq!(nesting_depth(&"- ".repeat(50)), 50);
+        assert_eq!(
+            nesting_depth(&format!("{}\n{}", "[".repeat(40), "]".repeat(40))),
+            40
+        );
+    }
+}

@@ -1,0 +1,225 @@
+//! Command line, environment and config file, merged into one validated [`Settings`].
+//!
+//! Precedence is flag, then `EFA_DP_<NAME>`, then the YAML file given by `--config`, then the
+//! default. Every problem is reported as one line that names the flag, variable or file.
+//!
+//! Each setting is declared once, in the settings table ([`table`]): its field, its help (the
+//! doc comment) and a descriptor with its flag, variable, file key, default and the one parser
+//! that reads its text, whichever source the text came from. A descriptor is a row type of
+//! [`setting`]; the file is read in [`file`], the texts parsed in [`parsers`].
+
+mod allocate_env;
+mod file;
+mod listing;
+mod origin;
+mod parsers;
+mod resource_name;
+mod setting;
+mod table;
+
+use std::path::Path;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
+
+pub use allocate_env::AllocateSettings;
+pub use listing::{OutputFormat, print_settings};
+pub use origin::{ConfigError, Origin};
+pub use parsers::LogLevel;
+pub use resource_name::ResourceName;
+#[cfg(any(test, feature = "testkit"))]
+pub(crate) use resource_name::validate_resource_name;
+pub use table::{DeviceListStrategy, LogFormat, Origins, Settings, file_schema};
+
+use parsers::parse_path;
+use setting::{CONFIG, Given, flag_arg, help_text};
+use table::DECLARED;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "efa-device-plugin",
+    version,
+    about = "Kubernetes device plugin for AWS Elastic Fabric Adapter (EFA)",
+    // A later flag overrides an earlier one, so wrappers can append overrides to fixed args.
+    args_override_self = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Run the device plugin (the default).
+    Run,
+    /// Print the node's EFA devices as the plugin sees them.
+    List {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
+    /// Run the plugin against a simulated p5.48xlarge and an in-process kubelet stand-in.
+    #[cfg(feature = "demo")]
+    Demo,
+    /// Print the settings table: each setting's flag, variable, config file key, default and
+    /// help, and whether its value is a path.
+    Settings {
+        #[arg(long, value_enum, default_value_t = OutputFormat::Table)]
+        output: OutputFormat,
+    },
+    /// Print the effective configuration (flags, environment and file merged) as YAML.
+    Config {
+        /// Print the config file's JSON schema instead, from the settings table (the Helm
+        /// chart's schema of its `config` value is this output).
+        #[arg(long, hide = true)]
+        schema: bool,
+    },
+}
+
+fn cli() -> clap::Command {
+    let config = flag_arg(CONFIG.flag, CONFIG.env, CONFIG.value_name).help(CONFIG.help);
+    let settings = DECLARED
+        .each()
+        .into_iter()
+        .map(|(setting, doc)| setting.arg().help(help_text(doc)));
+    Cli::command().arg(config).args(settings)
+}
+
+/// Parses the command line (and environment, and config file) into a command and its settings.
+pub fn parse<I, T>(args: I) -> Result<(Command, Settings), clap::Error>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = cli().try_get_matches_from(args)?;
+    let command = Cli::from_arg_matches(&matches)?
+        .command
+        .unwrap_or(Command::Run);
+    let settings = settings_from(&matches)
+        .map_err(|err| cli().error(clap::error::ErrorKind::ValueValidation, err.0))?;
+    Ok((command, settings))
+}
+
+fn settings_from(matches: &ArgMatches) -> Result<Settings, ConfigError> {
+    let config = match matches.get_one::<String>(CONFIG.flag) {
+        Some(text) => {
+            let origin = match matches.value_source(CONFIG.flag) {
+                Some(ValueSource::EnvVariable) => Origin::Env(CONFIG.env),
+                _ => Origin::Flag(CONFIG.flag),
+            };
+            Some(parse_path(text).map_err(|err| ConfigError(format!("{origin}: {err}")))?)
+        }
+        None => None,
+    };
+    let file = match &config {
+        Some(path) => Some((path.as_path(), read_file(path)?)),
+        None => None,
+    };
+    let given = Given {
+        matches: Some(matches),
+        file,
+    };
+    let settings = DECLARED.resolve(&given)?;
+    if settings.device_list_strategy == DeviceListStrategy::Cdi
+        && let Err(err) = settings.resource_name.cdi_kind()
+    {
+        let origin = &settings.origins.resource_name;
+        return Err(ConfigError(format!(
+            "{origin}: {err} (needed by --device-list-strategy=cdi)"
+        )));
+    }
+    Ok(settings)
+}
+
+/// Reads the file given by `--config` into its values by dotted key.
+fn read_file(path: &Path) -> Result<file::FileValues, ConfigError> {
+    let keys: Vec<&'static str> = DECLARED
+        .each()
+        .into_iter()
+        .filter_map(|(setting, _)| setting.file_key())
+        .collect();
+    let mut document = file::read(path, &keys)?;
+    if let Some(key) = DECLARED.allocate.file_key() {
+        allocate_env::keep_file_text(&mut document.values, key, &document.text);
+    }
+    Ok(document.values)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The settings a config file holding `text` gives.
+    pub(crate) fn from_file(text: &str) -> Settings {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.yaml");
+        std::fs::write(&path, text).unwrap();
+        let args = [
+            "efa-device-plugin",
+            "--config",
+            path.to_str().unwrap(),
+            "config",
+        ];
+        parse(args).unwrap().1
+    }
+
+    #[test]
+    fn an_empty_or_comments_only_config_file_means_defaults() {
+        for text in [
+            "",
+            "\n",
+            "# efa-device-plugin settings\n# rescan-interval: 2s\n",
+        ] {
+            assert_eq!(from_file(text), Settings::default(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn defaults_ignore_efa_dp_variables() {
+        const NAME: &str = "config::tests::defaults_ignore_efa_dp_variables";
+        if std::env::var_os("EFA_DP_RESCAN_INTERVAL").is_some() {
+            // In the child below: the variables are set, yet the declared defaults stand.
+            let settings = Settings::default();
+            assert_eq!(settings.rescan_interval, Duration::from_secs(5));
+            assert_eq!(settings.resource_name.as_str(), "vpc.amazonaws.com/efa");
+            return;
+        }
+        // Setting a variable in this process is unsafe (and denied), so a child gets them.
+        let child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", NAME, "--test-threads=1"])
+            .env("EFA_DP_RESCAN_INTERVAL", "2s")
+            .env("EFA_DP_RESOURCE_NAME", "example.com/from-env")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&child.stdout);
+        assert!(child.status.success(), "{stdout}");
+        assert!(
+            stdout.contains("1 passed"),
+            "the child ran no test: {stdout}"
+        );
+    }
+
+    #[test]
+    fn variables_are_efa_dp_and_the_flag_name() {
+        for (setting, _) in DECLARED.each() {
+            let expected = format!("EFA_DP_{}", setting.flag().to_uppercase().replace('-', "_"));
+            assert_eq!(setting.env(), expected);
+        }
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_their_group() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("typo.yaml");
+        for (text, named) in [
+            ("sharing:\n  replica: 2\n", "unknown key `sharing.replica`"),
+            ("sharing: 2\n", "sharing.expected a map of settings"),
+            ("rescan-interval: 1s\nrescan-interval: 2s\n", "duplicate"),
+        ] {
+            std::fs::write(&path, text).unwrap();
+            let err = read_file(&path).unwrap_err().0;
+            assert!(err.contains(named), "{text:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The parsers of the settings table: each turns a setting's text, from whichever source, into
+//! its value or one line saying what is wrong with it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use clap::builder::PossibleValue;
+use serde::Serialize;
+use tracing_subscriber::EnvFilter;
+
+use crate::allocation::sharing::{Sharing, parse_replicas};
+
+/// A path that must be given: an empty one would resolve against the working directory
+/// (`--cdi-spec-dir ''` wrote the spec there) or never work (`--device-plugin-dir ''`).
+pub(super) fn parse_path(text: &str) -> Result<PathBuf, String> {
+    if text.trim().is_empty() {
+        return Err("must not be empty: give a path".to_owned());
+    }
+    Ok(PathBuf::from(text))
+}
+
+pub(super) fn parse_optional_path(text: &str) -> Result<Option<PathBuf>, String> {
+    Ok(Some(text.trim())
+        .filter(|t| !t.is_empty())
+        .map(PathBuf::from))
+}
+
+/// A log level or filter directives, e.g. `info,efa_device_plugin=debug`: read as the logger
+/// reads them, so a bad one is refused with the other settings, naming where it came from.
+#[derive(Serialize, Clone, PartialEq, Eq)]
+#[serde(transparent)]
+pub struct LogLevel(String);
+
+impl LogLevel {
+    pub(super) fn parse(text: &str) -> Result<Self, String> {
+        EnvFilter::try_new(text).map_err(|err| format!("invalid log level {text:?}: {err}"))?;
+        Ok(LogLevel(text.to_owned()))
+    }
+
+    /// The logger's filter; [`LogLevel::parse`] has read these directives already, so none is
+    /// dropped.
+    pub fn filter(&self) -> EnvFilter {
+        EnvFilter::new(&self.0)
+    }
+}
+
+impl std::fmt::Debug for LogLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+pub(super) fn parse_sharing(text: &str) -> Result<Sharing, String> {
+    parse_replicas(text).map(Sharing::replicas)
+}
+
+pub(super) fn choices<E: ValueEnum>() -> Vec<PossibleValue> {
+    E::value_variants()
+        .iter()
+        .filter_map(ValueEnum::to_possible_value)
+        .collect()
+}
+
+/// One of an enum's words, e.g. `text` or `json`.
+pub(super) fn parse_choice<E: ValueEnum>(text: &str) -> Result<E, String> {
+    E::from_str(text, false).map_err(|_| {
+        let choices = choices::<E>();
+        let names: Vec<&str> = choices.iter().map(PossibleValue::get_name).collect();
+        format!("invalid value {text:?}: use {}", names.join(" or "))
+    })
+}
+
+/// The shortest rescan interval: a full pass over a 256-EFA node takes a few milliseconds, so
+/// anything shorter would keep a core busy rescanning.
+pub(super) const MIN_RESCAN_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The longest rescan interval. It is also the pause before a failed file write is retried
+/// and a changed one healed, and the DRA guard's fallback look: an hour is already late for
+/// each. Far longer ones overflow the runtime's clock (`200000000000y` panicked at the first
+/// probe).
+pub(super) const MAX_RESCAN_INTERVAL: Duration = Duration::from_secs(3600);
+
+/// Parses a duration such as `500ms` or `2s`; below [`MIN_RESCAN_INTERVAL`] is refused because
+/// it would spin, above [`MAX_RESCAN_INTERVAL`] because nothing would be noticed.
+pub(super) fn parse_interval(text: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(text.trim())
+        .map_err(|err| format!("invalid duration {text:?}: {err} (use e.g. 500ms, 2s, 1m)"))?;
+    let bound = |what: &str, limit: Duration| {
+        Err(format!(
+            "invalid duration {text:?}: must be at {what} {}",
+            humantime::format_duration(limit)
+        ))
+    };
+    if d < MIN_RESCAN_INTERVAL {
+        return bound("least", MIN_RESCAN_INTERVAL);
+    }
+    if d > MAX_RESCAN_INTERVAL {
+        return bound("most", MAX_RESCAN_INTERVAL);
+    }
+    Ok(d)
+}
+
+/// `host:port`, or empty for no endpoint. Only an IP literal: resolving a name would make start-up
+/// depend on DNS.
+pub(super) fn parse_metrics_address(text: &str) -> Result<Option<SocketAddr>, String> {
+    let text = text.trim();
+    if text.is_empty() {
+        return Ok(None);
+    }
+    text.parse().map(Some).map_err(|_| {
+        format!("invalid address {text:?}: use IP:PORT, e.g. 0.0.0.0:9465, or \"\" to disable")
+    })
+}
+
+/// Comma-separated driver names, e.g. `dra.net,efa.example.com`.
+pub(super) fn parse_driver_names(text: &str) -> Result<Vec<String>, String> {
+    let names = comma_list(text);
+    match names.iter().find(|name| name.contains('/')) {
+        Some(name) => Err(format!(
+            "invalid driver name {name:?}: must not contain '/'"
+        )),
+        None => Ok(names),
+    }
+}
+
+/// The non-empty, trimmed items of a comma-separated list.
+fn comma_list(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Comma-separated file names inside the device-plugin dir, e.g. `aws-efa-device-plugin.sock`.
+pub(super) fn parse_socket_names(text: &str) -> Result<Vec<String>, String> {
+    let names = comma_list(text);
+    match names
+        .iter()
+        .find(|name| name.contains('/') || *name == "." || *name == "..")
+    {
+        Some(name) => Err(format!(
+            "invalid socket name {name:?}: a file name in the device-plugin dir, without '/'"
+        )),
+        None => Ok(names),
+    }
+}
+
+pub(super) fn parse_bool(text: &str) -> Result<bool, String> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
+        _ => Err(format!("invalid value {text:?}: use true or false")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intervals_parse_like_the_docs_say() {
+        assert_eq!(parse_interval("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_interval("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_interval("1m"), Ok(Duration::from_secs(60)));
+        assert!(parse_interval("0s").is_err());
+        assert!(parse_interval("1ns").is_err());
+        assert!(parse_interval("99ms").is_err());
+        assert_eq!(parse_interval("100ms"), Ok(MIN_RESCAN_INTERVAL));
+        assert!(parse_interval("fast").is_err());
+        assert!(parse_interval("").is_err());
+        assert_eq!(parse_interval("1h"), Ok(MAX_RESCAN_INTERVAL));
+        for huge in ["61m", "200000000000y", "500000000000y"] {
+            let err = parse_interval(huge).unwrap_err();
+            assert!(err.contains("at most 1h"), "{huge}: {err}");
+        }
+    }
+}
