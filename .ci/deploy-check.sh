@@ -299,7 +299,7 @@ main() {
   step "install go tools (helm $HELM_VERSION, prometheus ${PROMETHEUS_VERSION}, kustomize ${kustomize_module##*@}, actionlint ${actionlint_module##*@})" install_go_tools
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
-  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh .ci/lib/*.sh .ci/tiers/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/e2e/topology/*.sh tests/cdi/*.sh
+  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh .ci/lib/*.sh .ci/tiers/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/e2e/topology/*.sh tests/e2e/cluster/*.sh tests/cdi/*.sh
   step "actionlint .github/workflows" lint_workflows
   step "release dry run: tag check, CHANGELOG notes, helm package" release_dry_run
   step "render manifests (kustomize base, labelled, cdi and prometheus-rule, helm default, labelled, cdi, prometheusRule and variant values)" render

@@ -17,11 +17,13 @@
 #                            (default in lib/build.sh)
 set -uo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-source "$HERE/lib/build.sh"
-source "$HERE/lib/host.sh"
-source "$HERE/lib/fake-efa.sh"
+# shellcheck source=SCRIPTDIR/lib/suite.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/suite.sh"
+source "$HERE/lib/cluster.sh"
+# The case groups, by what they test.
+source "$HERE/cluster/install.sh"
+source "$HERE/cluster/workloads.sh"
+source "$HERE/cluster/health.sh"
 source "$HERE/cluster/prometheus.sh"
 source "$HERE/cluster/migration.sh"
 source "$HERE/cluster/cdi-restart.sh"
@@ -58,10 +60,6 @@ KUBECONFIG=
 declare -A PIDS=()
 # Daemons in start order; cleanup stops them in reverse.
 DAEMONS=()
-
-k() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
-kns() { k -n "$NS" "$@"; }
-helm() { "$HELM" --kubeconfig "$KUBECONFIG" "$@"; }
 
 # ---------------------------------------------------------------- setup
 
@@ -268,15 +266,11 @@ build_image() {
 } >"$T/logs/buildah.log" 2>&1
 
 setup() {
-	local port
-	[[ $EUID -eq 0 ]] || fail_setup "must run as root"
-	take_lock || fail_setup "another e2e run holds $LOCK"
-	mkdir -p "$CACHE"
+	local start=$SECONDS
+	claim_host
 	apt_install runc:runc curl:curl python3:python3 openssl:openssl buildah:buildah iptables:iptables \
 		busybox-static containernetworking-plugins python3-yaml || fail_setup "apt-get install failed"
-	for port in "$ETCD_PORT" $((ETCD_PORT + 1)) "$APISERVER_PORT" 10250 "$KUBELET_HEALTHZ_PORT" 10257 10259; do
-		[[ -z $(ss -Hltn "sport = :$port") ]] || fail_setup "port $port is in use; is another cluster running?"
-	done
+	require_free_ports cluster "$ETCD_PORT" $((ETCD_PORT + 1)) "$APISERVER_PORT" 10250 "$KUBELET_HEALTHZ_PORT" 10257 10259
 	! ip link show "$BRIDGE" >/dev/null 2>&1 || fail_setup "interface $BRIDGE exists already"
 	note "Kubernetes $KUBE_VERSION, etcd $ETCD_VERSION, containerd $CONTAINERD_VERSION (cached in $CACHE)"
 	BIN=$(kube_binaries "$CACHE" kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl) ||
@@ -291,8 +285,8 @@ setup() {
 	ARM64_PLUGIN=$(static_plugin_binary "$REPO" "$ARM64_TRIPLE") || fail_setup "static release build of the arm64 plugin failed"
 	prometheus_build
 
-	T=$(mktemp -d /tmp/efa-dp-cluster.XXXXXX)
-	mkdir -p "$T/host" "$T/logs" "$T/images"
+	make_run_dir efa-dp-cluster
+	mkdir -p "$T/images"
 	KUBECONFIG=$T/pki/admin.kubeconfig
 	export HELM_CACHE_HOME=$T/helm/cache HELM_CONFIG_HOME=$T/helm/config HELM_DATA_HOME=$T/helm/data
 	remember_host_state "${HOST_PATHS[@]}"
@@ -311,6 +305,7 @@ setup() {
 	start_containerd || fail_setup "containerd did not start or import images: $(tail -3 "$T/logs/containerd.log" | paste -sd'|')"
 	arm64_setup || fail_setup "cannot register qemu-aarch64 in binfmt_misc or import the arm64 image"
 	start_kubelet || fail_setup "node $NODE not Ready within 120s: $(tail -3 "$T/logs/kubelet.log" | paste -sd'|')"
+	note "cluster up in $((SECONDS - start))s"
 }
 
 # The p4d tree the overlay and values mount as the plugin's sysfs, the empty
@@ -329,459 +324,6 @@ make_dev_shared() {
 	DEV_PROPAGATION=$(findmnt -no PROPAGATION /dev) || return 1
 	[[ $DEV_PROPAGATION == shared* ]] || mount --make-shared /dev
 }
-
-# ---------------------------------------------------------------- helpers
-
-allocatable() {
-	k get node "$NODE" -o jsonpath="{.status.allocatable.${RESOURCE//./\\.}}" 2>/dev/null
-}
-
-allocatable_is() { [[ $(allocatable) == "$1" ]]; }
-
-# The one plugin pod that is Ready and not terminating; empty otherwise.
-ready_plugin_pod() {
-	kns get pods -l app.kubernetes.io/name=efa-device-plugin -o json 2>/dev/null | python3 -c '
-import json, sys
-pods = [p for p in json.load(sys.stdin)["items"]
-        if not p["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
-print(pods[0]["metadata"]["name"] if len(pods) == 1 else "")'
-}
-
-has_ready_plugin_pod() { [[ -n $(ready_plugin_pod) ]]; }
-
-no_plugin_pod() { [[ -z $(kns get pods -l app.kubernetes.io/name=efa-device-plugin -o name 2>/dev/null) ]]; }
-
-pod_field() { k -n "${3:-default}" get pod "$1" -o jsonpath="$2" 2>/dev/null; }
-
-pod_phase_is() { [[ $(pod_field "$1" '{.status.phase}') == "$2" ]]; }
-
-# The device IDs the kubelet's checkpoint records for a pod.
-allocated_ids() {
-	python3 "$HERE/lib/kubeinfo.py" allocated "$DP_DIR/kubelet_internal_checkpoint" "$1" "$RESOURCE" 2>/dev/null |
-		paste -sd' '
-}
-
-# workload NAME KIND COUNT: a Job (KIND=job) or a long-running Pod (KIND=pod)
-# whose container lists /dev/infiniband and prints FI_PROVIDER, then waits:
-# the Job long enough for its allocation to be read, the Pod until deleted.
-workload() {
-	local name=$1 kind=$2 count=$3 wait=5
-	[[ $kind == pod ]] && wait=100000
-	local container
-	container=$(
-		cat <<-EOF
-			{"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-			 "command": ["sh", "-c", "ls -l /dev/infiniband; echo FI_PROVIDER=\${FI_PROVIDER:-unset}; sleep $wait"],
-			 "resources": {"limits": {"$RESOURCE": $count}}}
-		EOF
-	)
-	if [[ $kind == job ]]; then
-		k apply -f - <<-EOF
-			{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "$name", "namespace": "default"},
-			 "spec": {"backoffLimit": 0, "template": {"spec": {
-			   "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}}}
-		EOF
-	else
-		k apply -f - <<-EOF
-			{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$name", "namespace": "default"},
-			 "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}
-		EOF
-	fi
-}
-
-job_pod() { k get pods -l "job-name=$1" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
-no_job_pod() { [[ -z $(k get pods -l "job-name=$1" -o name 2>/dev/null) ]]; }
-
-# check_devices POD COUNT: the pod's container saw exactly the uverbs nodes
-# of the COUNT devices the kubelet allocated to it.
-check_devices() {
-	local pod=$1 count=$2 uid ids got want
-	uid=$(pod_field "$pod" '{.metadata.uid}')
-	read -ra ids <<<"$(allocated_ids "$uid")"
-	if ((${#ids[@]} != count)); then
-		REASON="checkpoint gives pod $pod ${#ids[@]} devices [${ids[*]}], want $count"
-		return 1
-	fi
-	wait_until 20 has_listing "$pod"
-	POD_LOG=$T/logs/pod-$pod.log
-	k logs "$pod" >"$POD_LOG"
-	got=$(listing_entries <"$POD_LOG")
-	want=$(expected_entries "${ids[@]}")
-	if [[ $got != "$want" ]]; then
-		REASON="pod $pod sees [$(paste -sd';' <<<"$got")] in /dev/infiniband, want [$(paste -sd';' <<<"$want")]"
-		return 1
-	fi
-	POD_IDS=("${ids[@]}")
-}
-
-# The container prints FI_PROVIDER after the listing, so the listing is whole.
-has_listing() { k logs "$1" 2>/dev/null | grep -q '^FI_PROVIDER='; }
-
-# run_job NAME COUNT: the scheduler places a Job asking for COUNT EFAs, its
-# container sees exactly its devices, and the Job completes.
-run_job() {
-	local name=$1 count=$2 pod
-	k delete job "$name" --ignore-not-found --wait >/dev/null 2>&1
-	workload "$name" job "$count" >/dev/null || { REASON="Job $name not accepted"; return 1; }
-	wait_until 60 job_pod_running "$name" || { REASON="Job $name has no Running pod within 60s: $(k get pods -l "job-name=$name" -o wide 2>&1 | tail -1)"; return 1; }
-	pod=$(job_pod "$name")
-	check_devices "$pod" "$count" || return 1
-	if ! k wait --for=condition=Complete "job/$name" --timeout=60s >/dev/null; then
-		REASON="Job $name not Complete within 60s"
-		return 1
-	fi
-	k delete job "$name" --wait >/dev/null
-	# The kubelet lists a finished pod's EFAs as held until the pod is gone, which the garbage
-	# collector does after the Job: later cases must not see it.
-	wait_until 60 no_job_pod "$name" || { REASON="Job $name's pod still there 60s after the Job"; return 1; }
-}
-
-job_pod_running() { local p; p=$(job_pod "$1") && [[ -n $p ]] && pod_phase_is "$p" Running; }
-
-# The plugin pod's metrics endpoint, scraped over the pod network.
-scrape() {
-	local ip
-	ip=$(pod_field "$1" '{.status.podIP}' "$NS")
-	curl -sf --max-time 5 "http://$ip:9465/metrics"
-}
-
-# plugin_installed_ok: a Ready plugin pod on the pod network, with the
-# securityContext as shipped, and the node advertising 4 EFAs.
-plugin_installed_ok() {
-	local shipped=$1 pod ip want got
-	if ! wait_until 120 has_ready_plugin_pod; then
-		REASON="no Ready plugin pod within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|'); $(plugin_events)"
-		return 1
-	fi
-	pod=$(ready_plugin_pod)
-	ip=$(pod_field "$pod" '{.status.podIP}' "$NS")
-	if [[ $ip != "${NODE_IP%.1}".* || $ip == "$NODE_IP" ]]; then
-		REASON="plugin pod $pod has IP '$ip', want one on the pod network $POD_SUBNET"
-		return 1
-	fi
-	want=$(python3 "$HERE/lib/pod_spec.py" security-context <"$shipped")
-	got=$(kns get pod "$pod" -o json | python3 "$HERE/lib/pod_spec.py" security-context)
-	if [[ $got != "$want" ]]; then
-		REASON="plugin pod's securityContext differs from the shipped one: got $got, want $want"
-		return 1
-	fi
-	if ! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4; then
-		REASON="node allocatable $RESOURCE is '$(allocatable)', want 4"
-		return 1
-	fi
-}
-
-plugin_events() {
-	kns get events --field-selector involvedObject.kind=Pod -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null |
-		tail -3 | paste -sd'|'
-}
-
-# ---------------------------------------------------------------- cases
-
-# case_kustomize_install [OVERLAY]: the p4d install, or another overlay of it under cluster/kustomize.
-case_kustomize_install() {
-	local overlay=${1:-p4d}
-	k kustomize "$HERE/cluster/kustomize/$overlay" >"$T/$overlay.yaml" || { REASON="kustomize build failed"; return 1; }
-	k kustomize "$REPO/manifests" >"$T/shipped.yaml" || { REASON="kustomize build of manifests failed"; return 1; }
-	# The overlay may add only the fake tree: anything else would mean the
-	# suite tests a pod spec users do not get.
-	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/shipped.yaml" "$T/$overlay.yaml" 2>&1); then
-		return 1
-	fi
-	k apply -k "$HERE/cluster/kustomize/$overlay" >/dev/null || { REASON="kubectl apply -k rejected the overlay"; return 1; }
-	plugin_installed_ok "$T/shipped.yaml"
-}
-
-case_job() { run_job efa-job 2; }
-
-case_over_ask() {
-	local events
-	workload over-ask pod 5 >/dev/null || { REASON="pod over-ask not accepted"; return 1; }
-	if ! wait_until 60 failed_scheduling over-ask; then
-		REASON="no FailedScheduling event naming Insufficient $RESOURCE within 60s: phase $(pod_field over-ask '{.status.phase}'), events: $(pod_events over-ask)"
-		return 1
-	fi
-	if ! pod_phase_is over-ask Pending; then
-		REASON="pod over-ask is $(pod_field over-ask '{.status.phase}'), want Pending"
-		return 1
-	fi
-	events=$(pod_events over-ask)
-	note "over-ask: $events"
-	k delete pod over-ask --wait >/dev/null
-}
-
-pod_events() {
-	k get events --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null |
-		paste -sd'|'
-}
-
-failed_scheduling() { pod_events "$1" | grep -q "FailedScheduling: .*Insufficient $RESOURCE"; }
-
-case_operator_cli() {
-	local pod out n=0 i
-	pod=$(ready_plugin_pod)
-	if ! out=$(kns exec "$pod" -- /efa-device-plugin --sysfs-root "$SYSFS_IN_POD" list 2>&1); then
-		REASON="kubectl exec $pod -- /efa-device-plugin list failed: $out"
-		return 1
-	fi
-	# One row per EFA, naming it by its ID (the ibdev name) and its PCI address.
-	for i in "${!EFA_BUSES[@]}"; do
-		grep -E "^$(efa_ibdev "$i") .*$(efa_pci "$i")" <<<"$out" >/dev/null && n=$((n + 1))
-	done
-	if ((n != 4)); then
-		REASON="list printed $n devices, want 4: $(paste -sd'|' <<<"$out")"
-		return 1
-	fi
-	# The image is the binary alone: there is no shell to exec.
-	if kns exec "$pod" -- sh -c true >/dev/null 2>&1; then
-		REASON="the plugin image has a shell"
-		return 1
-	fi
-}
-
-# holder_metrics POD: one scrape of POD into METRICS; true once it shows 4 healthy EFAs and, for
-# each of the holder's EFAs, its counters and the info series naming the holder (HELD counts
-# them).
-holder_metrics() {
-	local id ibdev
-	HELD=0
-	METRICS=$(scrape "$1") || return 1
-	grep -qx 'efa_device_plugin_devices{health="healthy"} 4' <<<"$METRICS" || return 1
-	for id in "${HOLDER_IDS[@]}"; do
-		# An ID is the ibdev name, or with --device-id-strategy=pci the PCI address.
-		ibdev=$id
-		[[ $id == *:* ]] && ibdev=rdmap$((16#$(cut -d: -f2 <<<"$id")))s27
-		if grep -E "^efa_[a-z_]+_total\{" <<<"$METRICS" | grep "device=\"$id\"" | grep -q "ibdev=\"$ibdev\"" &&
-			grep -qxF "efa_device_allocation{device=\"$id\",namespace=\"default\",pod=\"holder\",container=\"probe\"} 1" <<<"$METRICS"; then
-			HELD=$((HELD + 1))
-		fi
-	done
-	((HELD == 2)) && (($(grep '^efa_device_allocation{' <<<"$METRICS" | grep -c 'pod="holder"') == 2))
-}
-
-case_metrics() {
-	# holder_metrics sets these, in this scope.
-	local pod METRICS='' HELD=0
-	workload holder pod 2 >/dev/null || { REASON="pod holder not accepted"; return 1; }
-	if ! wait_until 60 pod_phase_is holder Running; then
-		REASON="pod holder not Running within 60s: $(pod_events holder)"
-		return 1
-	fi
-	check_devices holder 2 || return 1
-	HOLDER_IDS=("${POD_IDS[@]}")
-	pod=$(ready_plugin_pod)
-	# The plugin learns holders from the kubelet once per rescan interval (5 s), so a scrape
-	# right after the pod starts may still show the pods before it.
-	if ! wait_until 15 holder_metrics "$pod"; then
-		if [[ -z $METRICS ]]; then
-			REASON="no answer from http://$(pod_field "$pod" '{.status.podIP}' "$NS"):9465/metrics"
-		elif ! grep -qx 'efa_device_plugin_devices{health="healthy"} 4' <<<"$METRICS"; then
-			REASON="metrics lack efa_device_plugin_devices{health=\"healthy\"} 4: $(grep '^efa_device_plugin_devices' <<<"$METRICS" | paste -sd'|')"
-		else
-			REASON="after 15s $HELD of the holder's 2 EFAs have counters and an efa_device_allocation naming its namespace, pod and container: $(grep -E '^efa_device_allocation\{' <<<"$METRICS" | head -3 | paste -sd'|')"
-		fi
-		return 1
-	fi
-}
-
-now_ms() { date +%s%3N; }
-
-case_rolling_update() {
-	local old new n low=4 below_since=0 below_ms=0 deadline
-	old=$(ready_plugin_pod)
-	kns rollout restart "daemonset/$DS" >/dev/null || { REASON="rollout restart rejected"; return 1; }
-	deadline=$(($(now_ms) + 180000))
-	# Sample allocatable until a new pod is Ready and 4 are back, adding up
-	# the time the node showed fewer.
-	while :; do
-		n=$(allocatable)
-		if [[ $n != 4 ]]; then
-			((below_since == 0)) && below_since=$(now_ms)
-			[[ $n =~ ^[0-9]+$ ]] && ((n < low)) && low=$n
-		elif ((below_since != 0)); then
-			below_ms=$((below_ms + $(now_ms) - below_since))
-			below_since=0
-		fi
-		new=$(ready_plugin_pod)
-		[[ -n $new && $new != "$old" && $n == 4 ]] && break
-		if (($(now_ms) > deadline)); then
-			REASON="rollout did not finish within 180s: ready pod '$new' (old $old), allocatable '$n'"
-			return 1
-		fi
-		sleep 0.2
-	done
-	if ! pod_phase_is holder Running; then
-		REASON="holder is $(pod_field holder '{.status.phase}') after the rollout"
-		return 1
-	fi
-	if [[ $(allocated_ids "$(pod_field holder '{.metadata.uid}')") != "${HOLDER_IDS[*]}" ]]; then
-		REASON="holder's devices changed across the rollout"
-		return 1
-	fi
-	if ((below_ms > 0)); then
-		CASE_DETAIL="node showed fewer than 4 allocatable for $((below_ms / 1000)).$(printf '%03d' $((below_ms % 1000)))s, lowest $low"
-	else
-		CASE_DETAIL="node never showed fewer than 4 allocatable"
-	fi
-}
-
-case_device_loss() {
-	local gone=${HOLDER_IDS[0]} i start status
-	i=$(efa_index "$gone")
-	rm "/dev/infiniband/uverbs$i"
-	start=$SECONDS
-	if ! wait_until $((NODE_STATUS_PERIOD + 2)) allocatable_is 3; then
-		make_uverbs_node /dev "$i"
-		REASON="allocatable is '$(allocatable)' $((SECONDS - start))s after uverbs$i went, want 3 within $((NODE_STATUS_PERIOD + 2))s"
-		return 1
-	fi
-	CASE_DETAIL="3 after $((SECONDS - start))s"
-	status=unavailable
-	if health_gate_on; then
-		if wait_until 30 holder_device_health "$gone" Unhealthy; then
-			status="holder's $gone Unhealthy in allocatedResourcesStatus"
-		else
-			make_uverbs_node /dev "$i"
-			REASON="holder's allocatedResourcesStatus does not show $gone Unhealthy: $(pod_field holder '{.status.containerStatuses[0].allocatedResourcesStatus}')"
-			return 1
-		fi
-	fi
-	make_uverbs_node /dev "$i"
-	if ! wait_until $((NODE_STATUS_PERIOD + 2)) allocatable_is 4; then
-		REASON="allocatable is '$(allocatable)' after uverbs$i came back, want 4"
-		return 1
-	fi
-	if [[ $status == unavailable ]]; then
-		status="pod-status health not shown: ResourceHealthStatus is not available in $KUBE_VERSION"
-	elif ! wait_until 30 holder_device_health "$gone" Healthy; then
-		REASON="holder's $gone not Healthy again: $(pod_field holder '{.status.containerStatuses[0].allocatedResourcesStatus}')"
-		return 1
-	fi
-	CASE_DETAIL+="; $status"
-}
-
-# Whether this Kubernetes version has the gate at all.
-health_gate_on() { grep -q 'ResourceHealthStatus=' <("$BIN/kubelet" --help 2>&1); }
-
-holder_device_health() {
-	pod_field holder '{range .status.containerStatuses[0].allocatedResourcesStatus[*].resources[*]}{.resourceID}={.health}{"\n"}{end}' |
-		grep -qx "$1=$2"
-}
-
-case_no_efa() {
-	k apply -k "$HERE/cluster/kustomize/no-efa" >/dev/null || { REASON="kubectl apply -k rejected the no-efa overlay"; return 1; }
-	if ! wait_until 120 plugin_on_tree "$FIXTURES/no-efa"; then
-		REASON="no Ready plugin pod on the empty tree within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
-		return 1
-	fi
-	if ! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is_none; then
-		REASON="allocatable $RESOURCE is '$(allocatable)' on a node without EFA, want 0 or absent"
-		return 1
-	fi
-	CASE_DETAIL="allocatable '$(allocatable)'"
-}
-
-allocatable_is_none() { [[ $(allocatable) == "" || $(allocatable) == 0 ]]; }
-
-# plugin_on_tree DIR: the Ready plugin pod mounts DIR as its sysfs.
-plugin_on_tree() {
-	local pod
-	pod=$(ready_plugin_pod) && [[ -n $pod ]] &&
-		[[ $(pod_field "$pod" '{.spec.volumes[?(@.name=="e2e-sysfs")].hostPath.path}' "$NS") == "$1" ]]
-}
-
-case_helm() {
-	local rendered old new
-	k delete -k "$HERE/cluster/kustomize/no-efa" --wait >/dev/null || { REASON="kubectl delete -k failed"; return 1; }
-	wait_until 60 no_plugin_pod || { REASON="plugin pod still there 60s after kubectl delete -k"; return 1; }
-	# The API server must accept every object the chart renders, with the
-	# defaults and with every switch on (the PodMonitor and PrometheusRule
-	# need their CRDs).
-	if ! k apply --server-side "${OPERATOR_CRDS[@]/#/-f}" >/dev/null ||
-		! k wait --for condition=Established crd/podmonitors.monitoring.coreos.com crd/prometheusrules.monitoring.coreos.com --timeout=60s >/dev/null; then
-		REASON="the PodMonitor and PrometheusRule CRDs were not established"
-		return 1
-	fi
-	for values in "" "$REPO/tests/deploy/values-variant.yaml"; do
-		if ! helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" ${values:+-f "$values"} >"$T/helm-render.yaml"; then
-			REASON="helm template failed with ${values:-default values}"
-			return 1
-		fi
-		if ! rendered=$(k apply --dry-run=server -f "$T/helm-render.yaml" 2>&1); then
-			REASON="API server rejected the chart rendered with ${values:-default values}: $(tail -2 <<<"$rendered" | paste -sd'|')"
-			return 1
-		fi
-	done
-	helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" >"$T/helm-default.yaml"
-	helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" >"$T/helm-e2e.yaml"
-	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/helm-default.yaml" "$T/helm-e2e.yaml" 2>&1); then
-		return 1
-	fi
-	helm install efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" >/dev/null ||
-		{ REASON="helm install failed"; return 1; }
-	plugin_installed_ok "$T/helm-default.yaml" || return 1
-	run_job helm-job 2 || return 1
-	old=$(ready_plugin_pod)
-	helm upgrade efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" \
-		--set config.log-level=debug >/dev/null || { REASON="helm upgrade failed"; return 1; }
-	if ! wait_until 120 rolled_from "$old"; then
-		REASON="plugin pod did not roll after helm upgrade (still $old)"
-		return 1
-	fi
-	helm uninstall efa -n "$NS" --wait >/dev/null || { REASON="helm uninstall failed"; return 1; }
-	if ! wait_until 60 no_plugin_pod; then
-		REASON="plugin pod still there 60s after helm uninstall"
-		return 1
-	fi
-	if [[ -e $DP_DIR/efa-device-plugin.sock ]]; then
-		REASON="$DP_DIR/efa-device-plugin.sock remains after helm uninstall"
-		return 1
-	fi
-}
-
-# The spec file the plugin writes in cdi mode, where containerd 2 reads it.
-CDI_SPEC=/var/run/cdi/vpc.amazonaws.com-efa.json
-
-case_cdi() {
-	local pod env spec_ids want_ids
-	local -a cdi=(--set cdi.enabled=true --set-string config.allocate.env.FI_PROVIDER=efa)
-	helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" "${cdi[@]}" >"$T/helm-cdi.yaml"
-	helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "${cdi[@]}" >"$T/helm-cdi-e2e.yaml"
-	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/helm-cdi.yaml" "$T/helm-cdi-e2e.yaml" 2>&1); then
-		return 1
-	fi
-	helm install efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "${cdi[@]}" >/dev/null ||
-		{ REASON="helm install with cdi.enabled failed"; return 1; }
-	plugin_installed_ok "$T/helm-cdi.yaml" || return 1
-	if ! wait_until 10 test -s "$CDI_SPEC"; then
-		REASON="no CDI spec at $CDI_SPEC"
-		return 1
-	fi
-	spec_ids=$(python3 -c 'import json, sys; print(" ".join(sorted(d["name"] for d in json.load(open(sys.argv[1]))["devices"])))' "$CDI_SPEC")
-	want_ids=$(efa_ibdevs)
-	if [[ $spec_ids != "$want_ids" ]]; then
-		REASON="CDI spec devices [$spec_ids], want [$want_ids]"
-		return 1
-	fi
-	run_job cdi-job 2 || return 1
-	env=$(grep '^FI_PROVIDER=' "$POD_LOG")
-	if [[ $env != FI_PROVIDER=efa ]]; then
-		REASON="the Job's container has ${env:-no FI_PROVIDER line}, want FI_PROVIDER=efa"
-		return 1
-	fi
-	# The spec goes with the plugin only once the kubelet lists no container holding an EFA:
-	# case 5's holder still holds two.
-	k delete pods --all -n default --wait >/dev/null
-	helm uninstall efa -n "$NS" --wait >/dev/null || { REASON="helm uninstall failed"; return 1; }
-	wait_until 60 no_plugin_pod || { REASON="plugin pod still there 60s after helm uninstall"; return 1; }
-	if [[ -e $CDI_SPEC ]]; then
-		REASON="$CDI_SPEC remains after the plugin stopped with no holder left"
-		return 1
-	fi
-}
-
-rolled_from() { local p; p=$(ready_plugin_pod) && [[ -n $p && $p != "$1" ]] && allocatable_is 4; }
 
 # ---------------------------------------------------------------- cleanup
 
@@ -806,12 +348,7 @@ cleanup() {
 	[[ -z $DEV_PROPAGATION || $DEV_PROPAGATION == shared* ]] || mount "--make-$DEV_PROPAGATION" /dev
 }
 
-main() {
-	trap finish EXIT
-	trap 'exit 130' INT TERM
-	local start=$SECONDS
-	setup
-	note "cluster up in $((SECONDS - start))s"
+cluster_cases() {
 	run_case "(1) kustomize install: Ready over the pod IP, shipped securityContext, allocatable 4" case_kustomize_install
 	run_case "(2) Job limited to 2 is scheduled, sees exactly its 2 uverbs nodes, completes" case_job
 	run_case "(3) pod asking for 5 stays Pending with Insufficient $RESOURCE" case_over_ask
@@ -836,4 +373,4 @@ main() {
 	arm64_cases
 }
 
-main "$@"
+run_suite cluster_cases

@@ -14,11 +14,8 @@
 #   EFA_DP_E2E_KUBE_VERSION  kubelet version to build (default in lib/build.sh)
 set -uo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-source "$HERE/lib/build.sh"
-source "$HERE/lib/host.sh"
-source "$HERE/lib/fake-efa.sh"
+# shellcheck source=SCRIPTDIR/lib/suite.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/suite.sh"
 source "$HERE/lib/standalone.sh"
 
 SUITE=kubelet
@@ -102,32 +99,56 @@ wait_pod_rejected() {
 # modified_since FILE EPOCH: FILE was written in a later second than EPOCH.
 modified_since() { [[ -e $1 ]] && (($(stat -c %Y "$1") > $2)); }
 
-# ---------------------------------------------------------------- cases
+# ---------------------------------------------------------------- fixtures
 
-case_a() {
-	start_plugin "$T/sys" "$T/dev"
+# ensure_plugin: the plugin runs on the fake host, started if it does not,
+# and the kubelet's checkpoint lists its 4 IDs.
+ensure_plugin() {
+	alive_pid "$PLUGIN_PID" || start_plugin "$T/sys" "$T/dev"
 	if ! wait_until 30 registered_is "$(efa_ibdevs)"; then
 		REASON="checkpoint lists [$(registered_ids)] under $RESOURCE after 30s, want [$(efa_ibdevs)]; kubelet registrations: $(registrations); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
 		return 1
 	fi
+}
+
+alive_pid() { [[ -n $1 ]] && alive "$1"; }
+
+# ensure_holder: the pod "holder" runs with 2 EFAs, written if it is not
+# there. It is the running pod the restart cases expect to keep its devices.
+ensure_holder() {
+	ensure_plugin || return 1
+	pod_phase_is holder Running && return 0
+	write_pod holder 2
+	wait_pod_running holder 2
+}
+
+# ---------------------------------------------------------------- cases
+
+case_registration() {
+	ensure_plugin || return 1
 	if (($(registrations) != 1)); then
 		REASON="kubelet logged $(registrations) registrations of $RESOURCE, want 1"
 		return 1
 	fi
 }
 
-case_b() {
-	write_pod b 2
-	wait_pod_running b 2
+case_pod_sees_its_devices() {
+	# The pod is the holder the restart cases reuse; room for it first.
+	ensure_plugin && remove_pods holder || return 1
+	write_pod holder 2
+	wait_pod_running holder 2
 }
 
-case_c() {
-	write_pod c 5
-	wait_pod_rejected c 5 || return 1
-	remove_pod c
+case_over_ask_rejected() {
+	ensure_plugin || return 1
+	write_pod over-ask 5
+	wait_pod_rejected over-ask 5 || return 1
+	remove_pod over-ask
 }
 
-case_d() {
+case_kubelet_restart() {
+	# The holder keeps running across the restart, and leaves room for 2.
+	ensure_holder && remove_pods holder || return 1
 	stop_pid "$KUBELET_PID" 30
 	if ! start_kubelet; then
 		REASON="kubelet not healthy within 60s after restart: $(tail -3 "$(kubelet_log)" | paste -sd'|')"
@@ -139,17 +160,17 @@ case_d() {
 		REASON="plugin did not register with the restarted kubelet within 60s (registrations: $(registrations), checkpoint: [$(registered_ids)], dir: [$(find "$DP_DIR" -mindepth 1 -printf '%f ')]); plugin log: $(tail -3 "$(plugin_log)" | paste -sd'|')"
 		return 1
 	fi
-	write_pod d 2
-	wait_pod_running d 2
+	write_pod after-kubelet-restart 2
+	wait_pod_running after-kubelet-restart 2
 }
 
-case_e() {
-	local ids_before b_ids status restarted listing registrations_before
-	local -a b_devices
-	remove_pod d || { REASON="pod d still listed 60s after its manifest was removed"; return 1; }
+case_plugin_restart() {
+	local ids_before holder_ids status restarted listing registrations_before
+	local -a holder_devices
+	ensure_holder && remove_pods holder || return 1
 	ids_before=$(registered_ids)
-	read -ra b_devices <<<"$(allocated_ids "$(pod_status b | cut -f3)")"
-	b_ids=$(expected_entries "${b_devices[@]}")
+	read -ra holder_devices <<<"$(allocated_ids "$(pod_status holder | cut -f3)")"
+	holder_ids=$(expected_entries "${holder_devices[@]}")
 	if ! alive "$PLUGIN_PID"; then
 		stop_pid "$PLUGIN_PID" 0
 		REASON="plugin had already exited with status $?: $(tail -3 "$(plugin_log)" | paste -sd'|')"
@@ -172,63 +193,59 @@ case_e() {
 		REASON="after plugin restart: registrations $(registrations) (before $registrations_before), checkpoint [$(registered_ids)], want [$ids_before]"
 		return 1
 	fi
-	if ! pod_phase_is b Running; then
-		REASON="pod b no longer Running after plugin restart: $(pod_status b)"
+	if ! pod_phase_is holder Running; then
+		REASON="pod holder no longer Running after plugin restart: $(pod_status holder)"
 		return 1
 	fi
 	# The container rewrites "now" every second; wait for a rewrite that
 	# started after the restart.
-	if ! wait_until 10 modified_since "$T/out/b/now" "$restarted"; then
-		REASON="pod b stopped refreshing its listing after plugin restart"
+	if ! wait_until 10 modified_since "$T/out/holder/now" "$restarted"; then
+		REASON="pod holder stopped refreshing its listing after plugin restart"
 		return 1
 	fi
-	listing=$(listing_entries <"$T/out/b/now")
-	if [[ $listing != "$b_ids" ]]; then
-		REASON="pod b now sees [$(paste -sd';' <<<"$listing")], had [$(paste -sd';' <<<"$b_ids")]"
+	listing=$(listing_entries <"$T/out/holder/now")
+	if [[ $listing != "$holder_ids" ]]; then
+		REASON="pod holder now sees [$(paste -sd';' <<<"$listing")], had [$(paste -sd';' <<<"$holder_ids")]"
 		return 1
 	fi
-	write_pod e 2
-	wait_pod_running e 2
+	write_pod after-plugin-restart 2
+	wait_pod_running after-plugin-restart 2
 }
 
-case_f() {
-	local last_id three p
+case_device_node_loss() {
+	local last_id three
 	last_id=$(efa_ibdev 3)
-	for p in b e; do
-		remove_pod "$p" || { REASON="pod $p still listed 60s after its manifest was removed"; return 1; }
-	done
+	# All 4 free, so the only thing short is the missing node.
+	ensure_plugin && remove_pods || return 1
 	three=$(efa_ibdevs 0 1 2)
 	rm "$T/dev/infiniband/uverbs3"
 	if ! wait_until 30 registered_is "$three"; then
 		REASON="with $T/dev/infiniband/uverbs3 gone, checkpoint still lists [$(registered_ids)] after 30s, want [$three]"
 		return 1
 	fi
-	write_pod f1 4
-	wait_pod_rejected f1 4 || return 1
-	remove_pod f1
+	write_pod four-of-three 4
+	wait_pod_rejected four-of-three 4 || return 1
+	remove_pod four-of-three
 	make_uverbs_node "$T/dev" 3
 	if ! wait_until 30 registered_is "$(efa_ibdevs)"; then
 		REASON="with uverbs3 restored, checkpoint lists [$(registered_ids)] after 30s, want [$(efa_ibdevs)] ($last_id healthy again)"
 		return 1
 	fi
-	write_pod f2 4
-	wait_pod_running f2 4
+	write_pod four-restored 4
+	wait_pod_running four-restored 4
 }
 
 # ---------------------------------------------------------------- cleanup
 
 cleanup() { stop_standalone; }
 
-main() {
-	trap finish EXIT
-	trap 'exit 130' INT TERM
-	setup
-	run_case "(a) plugin registers; checkpoint lists 4 IDs" case_a
-	run_case "(b) pod limited to 2 sees exactly its 2 uverbs nodes" case_b
-	run_case "(c) pod asking for 5 is rejected at admission" case_c
-	run_case "(d) after a kubelet restart the plugin re-registers; new pod runs" case_d
-	run_case "(e) after a plugin restart IDs and running pod are intact; new pod runs" case_e
-	run_case "(f) missing device node makes 4 unschedulable; restored node admits 4" case_f
+kubelet_cases() {
+	run_case "registration: plugin registers; checkpoint lists 4 IDs" case_registration
+	run_case "allocation: pod limited to 2 sees exactly its 2 uverbs nodes" case_pod_sees_its_devices
+	run_case "over-ask: pod asking for 5 is rejected at admission" case_over_ask_rejected
+	run_case "kubelet restart: the plugin re-registers; new pod runs" case_kubelet_restart
+	run_case "plugin restart: IDs and running pod are intact; new pod runs" case_plugin_restart
+	run_case "device loss: missing device node makes 4 unschedulable; restored node admits 4" case_device_node_loss
 }
 
-main "$@"
+run_suite kubelet_cases

@@ -15,11 +15,8 @@
 # Environment: EFA_DP_E2E_CACHE, EFA_DP_E2E_KUBE_VERSION, as kubelet.sh.
 set -uo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/../.." && pwd)
-source "$HERE/lib/build.sh"
-source "$HERE/lib/host.sh"
-source "$HERE/lib/fake-efa.sh"
+# shellcheck source=SCRIPTDIR/lib/suite.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/suite.sh"
 source "$HERE/lib/standalone.sh"
 source "$HERE/lib/numa.sh"
 source "$HERE/topology/observe.sh"
@@ -112,7 +109,7 @@ use_fixture() {
 use_policy() {
 	local cpu=${3:-none}
 	[[ $POLICY == "$1" && $SCOPE == "$2" && $CPU_POLICY == "$cpu" ]] && return 0
-	remove_all_pods || return 1
+	remove_pods || return 1
 	stop_pid "$STANDIN_PID" 10
 	stop_pid "$KUBELET_PID" 30
 	local -a config
@@ -148,10 +145,7 @@ main() {
 	if [[ -z ${EFA_DP_E2E_UNSHARED:-} ]]; then
 		EFA_DP_E2E_UNSHARED=1 exec unshare --mount --propagation private -- bash "$0" "$@"
 	fi
-	trap finish EXIT
-	trap 'exit 130' INT TERM
-	setup
-	run_topology_cases
+	run_suite run_topology_cases
 }
 
 main "$@"

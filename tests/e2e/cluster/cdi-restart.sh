@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2034 # REASON and CASE_DETAIL are read by run_case (lib/host.sh)
-# A cluster case, sourced by tests/e2e/cluster.sh, which provides k, kns, helm,
-# wait_until, pod_field, plugin_installed_ok, no_plugin_pod and the fixtures.
+# A cluster case, sourced by tests/e2e/cluster.sh; the helpers and fixtures
+# are lib/cluster.sh's, CDI_SPEC is cluster/install.sh's.
 #
 # In cdi mode the kubelet restarts a container of a running pod from its
 # checkpoint, without calling the plugin, and containerd resolves the
@@ -27,10 +27,10 @@ cdi_holder_restarted() {
 		[[ $(pod_field cdi-holder '{.status.containerStatuses[0].state.running.startedAt}') != "" ]]
 }
 
-# Needs: no plugin installed (the cases before it uninstall theirs).
 case_cdi_spec_outlives_the_plugin() {
 	local -a cdi=(--set cdi.enabled=true --set-string config.allocate.env.FI_PROVIDER=efa)
 	local pid listing
+	uninstall_plugin || return 1
 	helm install efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "${cdi[@]}" >/dev/null ||
 		{ REASON="helm install with cdi.enabled failed"; return 1; }
 	helm template efa "$REPO/manifests/helm/efa-device-plugin" -n "$NS" "${cdi[@]}" >"$T/helm-cdi.yaml"

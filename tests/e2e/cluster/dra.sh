@@ -1,11 +1,12 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # REASON and CASE_DETAIL are read by run_case (lib/host.sh)
 # Handing a node from this plugin to a DRA driver and back with pod specs
 # unchanged (KEP-5004, DRAExtendedResource): the DeviceClass
 # efa.networking.k8s.aws maps vpc.amazonaws.com/efa to DRA, and the plugin's
 # DRA guard (allocatable 0 while dra.net is registered) lets the scheduler
 # delegate the resource on that node. The DRA driver is tests/e2e/dra-standin,
-# registered as DRANET is. Sourced by cluster.sh, whose helpers it uses, and
-# migration.sh's (ours_install, ours_rolled_out, start_pod, metric).
+# registered as DRANET is. Sourced by cluster.sh; it uses lib/cluster.sh's
+# helpers and migration.sh's (ours_install, ours_rolled_out, start_pod, metric).
 #
 # Each case starts from a node with no plugin, no DRA driver, no DeviceClass,
 # no pod in the default namespace and the node schedulable, and leaves it so.
@@ -189,9 +190,8 @@ dra_reset() {
 	k -n default delete pods --all --wait --timeout=60s >/dev/null 2>&1
 	dra_manifest | k delete -f - --ignore-not-found --wait >/dev/null 2>&1
 	k delete -f "$HERE/dra-standin/deviceclass.yaml" --ignore-not-found >/dev/null 2>&1
-	helm uninstall "$OURS_RELEASE" -n "$NS" --wait >/dev/null 2>&1
+	uninstall_plugin
 	k label node "$NODE" "$SCOPE_LABEL-" >/dev/null 2>&1
-	wait_until 60 no_plugin_pod
 	wait_until 60 dra_gone
 }
 

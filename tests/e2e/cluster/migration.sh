@@ -1,8 +1,9 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # REASON and CASE_DETAIL are read by run_case (lib/host.sh)
 # Migrating a node from the AWS plugin to this one, with a stand-in for the
 # AWS plugin (tests/e2e/aws-standin: its socket, ibdev-name IDs, one rw
 # DeviceSpec per uverbs node, no GetPreferredAllocation), installed as the AWS
-# chart installs it. Sourced by cluster.sh, whose helpers it uses.
+# chart installs it. Sourced by cluster.sh; the helpers are lib/cluster.sh's.
 #
 # Each case starts from a node with neither plugin installed and no pod in
 # the default namespace (it deletes what earlier cases left, the holder pod
@@ -234,9 +235,8 @@ on_clean_node() {
 
 migration_reset() {
 	k -n default delete pods --all --wait --timeout=60s >/dev/null 2>&1
-	helm uninstall "$OURS_RELEASE" -n "$NS" --wait >/dev/null 2>&1
 	helm uninstall "$STANDIN_RELEASE" -n "$NS" --wait >/dev/null 2>&1
-	wait_until 60 no_plugin_pod
+	uninstall_plugin
 	wait_until 60 no_standin_pod
 }
 

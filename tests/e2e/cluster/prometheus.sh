@@ -9,8 +9,9 @@
 # and the dashboard's panels.
 #
 # Sourced by cluster.sh, which calls prometheus_build in its setup and runs
-# the cases below; they need the plugin installed from the kustomize overlay
-# (case 1), and the holder pod of case 5 still running.
+# the cases below. Each starts Prometheus through ensure_prometheus if it is
+# not running yet, against the plugin of ensure_plugin (lib/cluster.sh), and
+# those that ask about a holder's series through ensure_holder first.
 
 PROMETHEUS_PORT=19090
 PROMETHEUS_URL=http://127.0.0.1:$PROMETHEUS_PORT
@@ -120,25 +121,35 @@ target_up() {
 		prom targets "$PROMETHEUS_URL" "$PROMETHEUS_JOB" 2>/dev/null | grep -q "^up http://$ip:9465/metrics "
 }
 
-case_prometheus_target() {
-	prometheus_identity || { REASON="cannot give Prometheus its certificate and RBAC"; return 1; }
-	prometheus_config || { REASON="Prometheus config or rules invalid: $(tail -3 "$T/logs/promtool-config.log" | paste -sd'|')"; return 1; }
-	start_daemon counters raise_counters
-	# The plugin opens a device's counter files once, as the driver's set is
-	# fixed while it is loaded: a new pod reads the whole set.
-	if ! wait_until 10 test -f "$(counter_dir 0)/hw_counters/cmds_err" ||
-		! kns rollout restart "daemonset/$DS" >/dev/null ||
-		! kns rollout status "daemonset/$DS" --timeout=120s >/dev/null ||
-		! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4; then
-		REASON="the plugin did not come back with 4 EFAs after its restart"
-		return 1
+# ensure_prometheus: Prometheus running, with the plugin pod a healthy target
+# and the counters rising; started (the plugin restarted once, to read the
+# counters) if it was not.
+ensure_prometheus() {
+	if [[ -z ${PIDS[prometheus]:-} ]]; then
+		ensure_plugin || return 1
+		prometheus_identity || { REASON="cannot give Prometheus its certificate and RBAC"; return 1; }
+		prometheus_config || { REASON="Prometheus config or rules invalid: $(tail -3 "$T/logs/promtool-config.log" | paste -sd'|')"; return 1; }
+		[[ -n ${PIDS[counters]:-} ]] || start_daemon counters raise_counters
+		# The plugin opens a device's counter files once, as the driver's set is
+		# fixed while it is loaded: a new pod reads the whole set.
+		if ! wait_until 10 test -f "$(counter_dir 0)/hw_counters/cmds_err" ||
+			! kns rollout restart "daemonset/$DS" >/dev/null ||
+			! kns rollout status "daemonset/$DS" --timeout=120s >/dev/null ||
+			! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4; then
+			REASON="the plugin did not come back with 4 EFAs after its restart"
+			return 1
+		fi
+		start_daemon prometheus "$PROMETHEUS_BIN/prometheus" --config.file "$T/prometheus/prometheus.yml" \
+			--storage.tsdb.path "$T/prometheus/data" --web.listen-address "127.0.0.1:$PROMETHEUS_PORT"
 	fi
-	start_daemon prometheus "$PROMETHEUS_BIN/prometheus" --config.file "$T/prometheus/prometheus.yml" \
-		--storage.tsdb.path "$T/prometheus/data" --web.listen-address "127.0.0.1:$PROMETHEUS_PORT"
 	if ! wait_until 60 target_up; then
 		REASON="no healthy $PROMETHEUS_JOB target for the plugin pod within 60s: $(prom targets "$PROMETHEUS_URL" "$PROMETHEUS_JOB" 2>&1 | paste -sd'|'); $(tail -2 "$T/logs/prometheus.log" | paste -sd'|')"
 		return 1
 	fi
+}
+
+case_prometheus_target() {
+	ensure_prometheus || return 1
 	CASE_DETAIL="$(prom targets "$PROMETHEUS_URL" "$PROMETHEUS_JOB" | cut -d' ' -f1,2)"
 }
 
@@ -150,6 +161,8 @@ has_series() {
 # An unreadable numa_node is a scan error; the family appears with the first.
 case_prometheus_families() {
 	local numa name missing=() skipped=()
+	# efa_device_allocation needs a holder.
+	ensure_holder && ensure_prometheus || return 1
 	numa=$(dirname "$(counter_dir 0)")/../numa_node
 	mv "$numa" "$numa.saved" && mkfifo "$numa"
 	wait_until 30 has_series efa_device_plugin_scan_errors_total
@@ -170,16 +183,25 @@ case_prometheus_families() {
 }
 
 case_prometheus_holder_labels() {
-	local out want got
+	# holder_series sets these, in this scope.
+	local out='' want got=''
+	ensure_holder && ensure_prometheus || return 1
 	want=$(printf '%s\n' "${HOLDER_IDS[@]}" | sort | paste -sd' ')
-	out=$(prom query "$PROMETHEUS_URL" \
-		"count by (device) ({job=\"$PROMETHEUS_JOB\", namespace=\"default\", pod=\"holder\", container=\"probe\", device!=\"\"})")
-	got=$(sed -n 's/.*"device": "\([^"]*\)".*/\1/p' <<<"$out" | sort | paste -sd' ')
-	if [[ $got != "$want" ]]; then
+	# A holder created just now shows from the scrape after the plugin's next rescan.
+	if ! wait_until 30 holder_series_are "$want"; then
 		REASON="series with the holder's namespace, pod and container name devices [$got], want its [$want]"
 		return 1
 	fi
 	CASE_DETAIL="$(awk '{s += $NF} END {print s}' <<<"$out") series name holder's $want"
+}
+
+# holder_series_are IDS: the devices of the series naming the holder, into got
+# (and the answer into out), are IDS.
+holder_series_are() {
+	out=$(prom query "$PROMETHEUS_URL" \
+		"count by (device) ({job=\"$PROMETHEUS_JOB\", namespace=\"default\", pod=\"holder\", container=\"probe\", device!=\"\"})")
+	got=$(sed -n 's/.*"device": "\([^"]*\)".*/\1/p' <<<"$out" | sort | paste -sd' ')
+	[[ $got == "$1" ]]
 }
 
 alert_is() { [[ $(prom alert "$PROMETHEUS_URL" EfaDeviceUnhealthy "ibdev=$1" 2>/dev/null) == "$2" ]]; }
@@ -205,6 +227,7 @@ dashboard_has_data() {
 
 case_prometheus_alert_lifecycle() {
 	local ibdev start fired
+	ensure_prometheus || return 1
 	ibdev=$(ibdev_of "$ALERT_EFA")
 	# A fresh allocation for the allocation and latency panels.
 	run_job prometheus-job 1 || return 1
@@ -240,6 +263,8 @@ examples_have_results() { every_query_has_data "README examples" prom examples "
 
 case_readme_promql() {
 	local n ok=0
+	# Examples join on efa_device_allocation, which needs a holder.
+	ensure_holder && ensure_prometheus || return 1
 	n=$(prom examples "$REPO/README.md" | wc -l)
 	python3 -c 'import socket, sys; socket.socket(socket.AF_UNIX).bind(sys.argv[1])' "$DRA_SOCKET" ||
 		{ REASON="cannot create $DRA_SOCKET"; return 1; }

@@ -37,7 +37,7 @@ fail_setup() {
 
 # run_case LABEL FN: runs one case and prints its line. With EFA_DP_E2E_CASES set to a
 # regex, a case whose label does not match is skipped: a shortcut while working on a
-# few cases, which may then miss what an earlier case would have set up.
+# few cases, each of which sets up what it needs.
 SKIPPED=0
 run_case() {
 	local label=$1 fn=$2 start=$SECONDS

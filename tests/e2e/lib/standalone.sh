@@ -2,8 +2,8 @@
 # A standalone kubelet (no API server, static pods) on a private containerd,
 # with the plugin's release binary as its device plugin: the bring-up the
 # kubelet and topology suites share, and what they read back from the
-# kubelet. The caller sources build.sh, host.sh and fake-efa.sh first and sets
-# SUITE; T and the daemons' PIDs live here.
+# kubelet. The caller sources suite.sh first and sets SUITE; T and the
+# daemons' PIDs live here.
 # shellcheck disable=SC2034 # the globals below are the sourcing suite's too
 
 CHECKPOINT=$DP_DIR/kubelet_internal_checkpoint
@@ -32,9 +32,7 @@ ctr_k8s() { ctr --address "$T/containerd/containerd.sock" --namespace k8s.io "$@
 # binaries, the temp dir and the record of the host; fails the setup
 # otherwise. Nothing is started yet.
 prepare_standalone() {
-	[[ $EUID -eq 0 ]] || fail_setup "must run as root"
-	take_lock || fail_setup "another e2e run holds $LOCK"
-	mkdir -p "$CACHE"
+	claim_host
 	# The image's only binary must not need a libc the image lacks.
 	apt_install containerd:containerd runc:runc curl:curl python3:python3 busybox-static ||
 		fail_setup "apt-get install failed"
@@ -42,15 +40,10 @@ prepare_standalone() {
 	KUBELET=$(kube_binaries "$CACHE" kubelet)/kubelet || fail_setup "kubelet $KUBE_VERSION build failed"
 	PLUGIN=$(static_plugin_binary "$REPO") || fail_setup "static release build of the plugin failed"
 
-	T=$(mktemp -d /tmp/efa-dp-e2e.XXXXXX)
-	mkdir -p "$T/host" "$T/logs"
+	make_run_dir efa-dp-e2e
 	remember_host_state "${HOST_PATHS[@]}"
 	move_aside "$DP_DIR"
-
-	local port
-	for port in "$KUBELET_PORT" "$KUBELET_RO_PORT" "$KUBELET_HEALTHZ_PORT"; do
-		[[ -z $(ss -Hltn "sport = :$port") ]] || fail_setup "port $port is in use; is another kubelet running?"
-	done
+	require_free_ports kubelet "$KUBELET_PORT" "$KUBELET_RO_PORT" "$KUBELET_HEALTHZ_PORT"
 }
 
 # start_standalone [KUBELET_CONFIG_LINE...]: containerd, then the kubelet with
@@ -167,6 +160,38 @@ pod_phase_is() { [[ $(pod_status "$1" | cut -f1) == "$2" ]]; }
 remove_pod() {
 	rm -f "$T/manifests/$1.json"
 	wait_until 60 pod_phase_is "$1" Absent
+}
+
+# remove_pods [KEEP...]: every static pod but those named KEEP... gone, with
+# its output dir.
+# shellcheck disable=SC2120 # KEEP is optional
+remove_pods() {
+	local f name
+	for f in "$T"/manifests/*.json; do
+		[[ -e $f ]] || continue
+		name=$(basename "$f" .json)
+		named_in "$name" "$@" || rm -f "$f"
+	done
+	for f in "$T"/out/*/; do
+		[[ -d $f ]] || continue
+		name=$(basename "$f")
+		named_in "$name" "$@" && continue
+		if ! wait_until 60 pod_phase_is "$name" Absent; then
+			REASON="pod $name still listed 60s after its manifest was removed"
+			return 1
+		fi
+		rm -rf "$f"
+	done
+}
+
+# named_in NAME WORD...: NAME is one of WORD...
+named_in() {
+	local name=$1 word
+	shift
+	for word in "$@"; do
+		[[ $word == "$name" ]] && return 0
+	done
+	return 1
 }
 
 # registered_ids [RESOURCE]: the IDs the checkpoint lists for RESOURCE

@@ -11,7 +11,7 @@
 # fresh POLICY SCOPE FIXTURE [CPU_POLICY]: no pods, the kubelet under POLICY
 # and SCOPE (and the CPU manager policy, default none), our plugin on FIXTURE.
 fresh() {
-	remove_all_pods && use_policy "$1" "$2" "${4:-none}" && use_fixture "$3"
+	remove_pods && use_policy "$1" "$2" "${4:-none}" && use_fixture "$3"
 }
 
 drop_pod() {
@@ -92,7 +92,7 @@ expect_gpu_env() {
 # T0: the kubelet sees two NUMA nodes: its hints for one EFA include node 1
 # alone, and with everything free it picks node 0 and offers GPA only that
 # node's EFAs.
-case_t0() {
+case_hints_see_two_nodes() {
 	fresh single-numa-node container p4d || return 1
 	expect_running t0 app:net:1:0 || return 1
 	local hints
@@ -108,7 +108,7 @@ case_t0() {
 
 # T1: GPU-0 held; 1 GPU + 1 EFA gets GPU-1 and the NUMA-1 EFA our GPA
 # prefers, three times over.
-case_t1() {
+case_efa_follows_the_free_gpu() {
 	fresh single-numa-node container p4d && hold_gpu0 t1 || return 1
 	local pod runs=()
 	for pod in t1a t1b t1c; do
@@ -123,7 +123,7 @@ case_t1() {
 }
 
 # T2: GPU-0 held; 1 GPU + 2 EFA gets GPU-1 and both NUMA-1 EFAs.
-case_t2() {
+case_both_efas_of_the_gpu_node() {
 	fresh single-numa-node container p4d && hold_gpu0 t2 || return 1
 	expect_running t2 app:job:2:1 || return 1
 	expect_gpu1_job t2 "$(fixture_ids_of p4d 1)" 1 || return 1
@@ -131,7 +131,7 @@ case_t2() {
 }
 
 # T2b: p5en, GPU-0 held; 1 GPU + 2 EFA gets two NUMA-1 EFAs behind one switch.
-case_t2b() {
+case_p5en_pair_behind_one_switch() {
 	fresh single-numa-node container p5en && hold_gpu0 t2b || return 1
 	expect_running t2b app:job:2:1 || return 1
 	expect_one_gpa "$(fixture_ids_of p5en 1)" "" 2 &&
@@ -157,13 +157,13 @@ expect_locality_error() {
 }
 
 # T3: single-numa-node: 3 EFA fit no single node.
-case_t3() {
+case_three_efas_fit_no_node() {
 	fresh single-numa-node container p4d || return 1
 	expect_locality_error t3 app:job:3:0
 }
 
 # T4: restricted: 3 EFA run on both nodes, the 3 our GPA picks of all 4.
-case_t4() {
+case_restricted_spans_both_nodes() {
 	fresh restricted container p4d || return 1
 	expect_running t4 app:job:3:0 || return 1
 	expect_one_gpa "$(fixture_ids_of p4d)" "" 3 &&
@@ -173,22 +173,22 @@ case_t4() {
 
 # T5: 1 GPU + 3 EFA on an empty node: restricted rejects (the GPU's narrowest
 # mask is one node, the EFAs' two), best-effort admits.
-case_t5_restricted() {
+case_restricted_rejects_gpu_with_three_efas() {
 	fresh restricted container p4d || return 1
 	expect_locality_error t5r app:job:3:1
 }
 
-case_t5_best_effort() {
+case_best_effort_admits_gpu_with_three_efas() {
 	fresh best-effort container p4d || return 1
 	expect_running t5b app:job:3:1 || return 1
 	expect_devices t5b "$RESOURCE" job "*" "0 1" || return 1
 	CASE_DETAIL="GPU [$(ids_of t5b "$GPU")] + [$(ids_of t5b "$RESOURCE")] (keys $(numa_keys_of t5b "$RESOURCE")); $(gpa_summary)"
 }
 
-# hold_t6 NAME: GPU-0 and one NUMA-1 EFA held, GPU-1 and the NUMA-0 EFAs
+# hold_gpu0_and_a_numa1_efa NAME: GPU-0 and one NUMA-1 EFA held, GPU-1 and the NUMA-0 EFAs
 # free. A 2-EFA pod fills node 0 first (the lower of two preferred masks), so
 # a 1-EFA pod then lands on node 1.
-hold_t6() {
+hold_gpu0_and_a_numa1_efa() {
 	expect_running "$1-2" app:hold:2:0 || return 1
 	[[ $(numa_keys_of "$1-2" "$RESOURCE") == 0 ]] || { REASON="the 2-EFA holder is on [$(numa_keys_of "$1-2" "$RESOURCE")], want node 0"; return 1; }
 	expect_running "$1-1" app:hold:1:0 || return 1
@@ -198,26 +198,26 @@ hold_t6() {
 
 # T6: with that, 1 GPU + 2 EFA cannot be aligned: best-effort admits it
 # misaligned, restricted and single-numa-node reject it.
-case_t6_best_effort() {
-	fresh best-effort container p4d && hold_t6 t6b || return 1
+case_best_effort_admits_misaligned() {
+	fresh best-effort container p4d && hold_gpu0_and_a_numa1_efa t6b || return 1
 	expect_running t6b app:job:2:1 || return 1
 	expect_gpu1_job t6b "$(fixture_ids_of p4d 0)" 0 || return 1
 	CASE_DETAIL="misaligned: GPU-1 (node 1) + [$(ids_of t6b "$RESOURCE")] (node 0); $(gpa_summary)"
 }
 
-case_t6_restricted() {
-	fresh restricted container p4d && hold_t6 t6r || return 1
+case_restricted_rejects_misaligned() {
+	fresh restricted container p4d && hold_gpu0_and_a_numa1_efa t6r || return 1
 	expect_locality_error t6r app:job:2:1
 }
 
-case_t6_single() {
-	fresh single-numa-node container p4d && hold_t6 t6s || return 1
+case_single_numa_node_rejects_misaligned() {
+	fresh single-numa-node container p4d && hold_gpu0_and_a_numa1_efa t6s || return 1
 	expect_locality_error t6s app:job:2:1
 }
 
 # T7: GPU-0 held; containers gpu (1 GPU) and net (1 EFA). Container scope
 # aligns net alone (node 0, the lower); pod scope with the GPU (node 1).
-t7() {
+scope_alignment() {
 	local pod=$1 scope=$2 node=$3
 	fresh single-numa-node "$scope" p4d && hold_gpu0 "$pod" || return 1
 	expect_running "$pod" app:gpu:0:1 app:net:1:0 || return 1
@@ -228,18 +228,18 @@ t7() {
 	CASE_DETAIL="gpu GPU-1, net [$GPA_ANSWER] (node $node); $(gpa_summary)"
 }
 
-case_t7_container() { t7 t7c container 0; }
-case_t7_pod() { t7 t7p pod 1; }
+case_container_scope_aligns_net_alone() { scope_alignment t7c container 0; }
+case_pod_scope_aligns_net_with_gpu() { scope_alignment t7p pod 1; }
 
 # T8: restricted: 5 EFA, more than there are, is a locality error too.
-case_t8() {
+case_too_many_efas_is_a_locality_error() {
 	fresh restricted container p4d || return 1
 	expect_locality_error t8 app:job:5:0
 }
 
 # T9: g5-shaped (no NUMA node): 1 GPU + 2 EFA is admitted; the EFAs are
 # under key -1 and our GPA picks them from all four.
-case_t9() {
+case_no_numa_node_admitted() {
 	fresh single-numa-node container g5 || return 1
 	expect_running t9 app:job:2:1 || return 1
 	expect_one_gpa "$(fixture_ids_of g5)" "" 2 &&
@@ -249,7 +249,7 @@ case_t9() {
 
 # T10: p5en: an init container's EFA is reused by the app container, which
 # gets it plus its switch sibling: GPA with a real must_include.
-case_t10() {
+case_init_efa_reused_with_its_sibling() {
 	fresh single-numa-node container p5en || return 1
 	expect_running t10 init:setup:1:0 app:job:2:0 || return 1
 	local kept app a b
@@ -272,7 +272,7 @@ case_t10() {
 # T11: the static CPU manager with CPU 0 reserved: a Guaranteed pod's one
 # exclusive CPU can only be CPU 1, on node 1, so single-numa-node offers GPA
 # node 1's EFAs alone, and the container runs on CPU 1.
-case_t11() {
+case_static_cpu_manager_picks_node_1() {
 	fresh single-numa-node container p4d static || return 1
 	expect_running t11 app:job:1:0:1 || return 1
 	expect_one_gpa "$(fixture_ids_of p4d 1)" "" 1 &&
@@ -284,21 +284,21 @@ case_t11() {
 }
 
 run_topology_cases() {
-	run_case "T0 single-numa-node: kubelet hints include node 1 alone; 1 EFA offered node 0 only" case_t0
-	run_case "T1 single-numa-node: GPU-0 held; 1 GPU + 1 EFA -> GPU-1 + our NUMA-1 pick, x3" case_t1
-	run_case "T2 single-numa-node: GPU-0 held; 1 GPU + 2 EFA -> both NUMA-1 EFAs" case_t2
-	run_case "T3 single-numa-node: 3 EFA -> TopologyAffinityError" case_t3
-	run_case "T6 single-numa-node: GPU-0 + a NUMA-1 EFA held; 1 GPU + 2 EFA -> rejected" case_t6_single
-	run_case "T7 single-numa-node, container scope: net gets a NUMA-0 EFA" case_t7_container
-	run_case "T2b single-numa-node, p5en: GPU-0 held; 1 GPU + 2 EFA -> one NUMA-1 switch" case_t2b
-	run_case "T10 single-numa-node, p5en: init 1 EFA, app 2 -> the init's EFA + its switch sibling" case_t10
-	run_case "T9 single-numa-node, g5 (no NUMA): 1 GPU + 2 EFA admitted" case_t9
-	run_case "T7 single-numa-node, pod scope: net gets a NUMA-1 EFA" case_t7_pod
-	run_case "T4 restricted: 3 EFA run on both nodes" case_t4
-	run_case "T5 restricted: 1 GPU + 3 EFA on an empty node -> rejected" case_t5_restricted
-	run_case "T6 restricted: GPU-0 + a NUMA-1 EFA held; 1 GPU + 2 EFA -> rejected" case_t6_restricted
-	run_case "T8 restricted: 5 EFA -> TopologyAffinityError, not UnexpectedAdmissionError" case_t8
-	run_case "T5 best-effort: 1 GPU + 3 EFA on an empty node -> admitted" case_t5_best_effort
-	run_case "T6 best-effort: GPU-0 + a NUMA-1 EFA held; 1 GPU + 2 EFA -> admitted misaligned" case_t6_best_effort
-	run_case "T11 single-numa-node, static CPU manager: Guaranteed 1 CPU + 1 EFA -> CPU 1 + a NUMA-1 EFA" case_t11
+	run_case "T0 single-numa-node: kubelet hints include node 1 alone; 1 EFA offered node 0 only" case_hints_see_two_nodes
+	run_case "T1 single-numa-node: GPU-0 held; 1 GPU + 1 EFA -> GPU-1 + our NUMA-1 pick, x3" case_efa_follows_the_free_gpu
+	run_case "T2 single-numa-node: GPU-0 held; 1 GPU + 2 EFA -> both NUMA-1 EFAs" case_both_efas_of_the_gpu_node
+	run_case "T3 single-numa-node: 3 EFA -> TopologyAffinityError" case_three_efas_fit_no_node
+	run_case "T6 single-numa-node: GPU-0 + a NUMA-1 EFA held; 1 GPU + 2 EFA -> rejected" case_single_numa_node_rejects_misaligned
+	run_case "T7 single-numa-node, container scope: net gets a NUMA-0 EFA" case_container_scope_aligns_net_alone
+	run_case "T2b single-numa-node, p5en: GPU-0 held; 1 GPU + 2 EFA -> one NUMA-1 switch" case_p5en_pair_behind_one_switch
+	run_case "T10 single-numa-node, p5en: init 1 EFA, app 2 -> the init's EFA + its switch sibling" case_init_efa_reused_with_its_sibling
+	run_case "T9 single-numa-node, g5 (no NUMA): 1 GPU + 2 EFA admitted" case_no_numa_node_admitted
+	run_case "T7 single-numa-node, pod scope: net gets a NUMA-1 EFA" case_pod_scope_aligns_net_with_gpu
+	run_case "T4 restricted: 3 EFA run on both nodes" case_restricted_spans_both_nodes
+	run_case "T5 restricted: 1 GPU + 3 EFA on an empty node -> rejected" case_restricted_rejects_gpu_with_three_efas
+	run_case "T6 restricted: GPU-0 + a NUMA-1 EFA held; 1 GPU + 2 EFA -> rejected" case_restricted_rejects_misaligned
+	run_case "T8 restricted: 5 EFA -> TopologyAffinityError, not UnexpectedAdmissionError" case_too_many_efas_is_a_locality_error
+	run_case "T5 best-effort: 1 GPU + 3 EFA on an empty node -> admitted" case_best_effort_admits_gpu_with_three_efas
+	run_case "T6 best-effort: GPU-0 + a NUMA-1 EFA held; 1 GPU + 2 EFA -> admitted misaligned" case_best_effort_admits_misaligned
+	run_case "T11 single-numa-node, static CPU manager: Guaranteed 1 CPU + 1 EFA -> CPU 1 + a NUMA-1 EFA" case_static_cpu_manager_picks_node_1
 }

@@ -94,22 +94,6 @@ expect_rejected() {
 	fi
 }
 
-remove_all_pods() {
-	local f name
-	for f in "$T"/manifests/*.json; do
-		[[ -e $f ]] || continue
-		rm -f "$f"
-	done
-	for f in "$T"/out/*/; do
-		name=$(basename "$f")
-		if ! wait_until 60 pod_phase_is "$name" Absent; then
-			REASON="pod $name still listed 60s after its manifest was removed"
-			return 1
-		fi
-		rm -rf "$f"
-	done
-}
-
 # fixture_ids_of NAME [NUMA]: the IDs of fixture NAME (on node NUMA only),
 # sorted as the checkpoint's reader sorts them.
 fixture_ids_of() {

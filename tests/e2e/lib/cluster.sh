@@ -1,0 +1,229 @@
+# shellcheck shell=bash
+# What every cluster case uses: kubectl and helm against the suite's
+# cluster, reading the node, its pods and the kubelet's checkpoint, the
+# workload pods, and the fixtures through which a case sets up what it needs
+# instead of relying on the case before it. Sourced by cluster.sh, which sets
+# BIN, KUBECONFIG, HELM, NODE, NS, DS, T and the fixture paths.
+# shellcheck disable=SC2034 # REASON, POD_LOG, POD_IDS and HOLDER_IDS are read by the cases
+
+k() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
+kns() { k -n "$NS" "$@"; }
+helm() { "$HELM" --kubeconfig "$KUBECONFIG" "$@"; }
+
+allocatable() {
+	k get node "$NODE" -o jsonpath="{.status.allocatable.${RESOURCE//./\\.}}" 2>/dev/null
+}
+
+allocatable_is() { [[ $(allocatable) == "$1" ]]; }
+
+# The one plugin pod that is Ready and not terminating; empty otherwise.
+ready_plugin_pod() {
+	kns get pods -l app.kubernetes.io/name=efa-device-plugin -o json 2>/dev/null | python3 -c '
+import json, sys
+pods = [p for p in json.load(sys.stdin)["items"]
+        if not p["metadata"].get("deletionTimestamp")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
+print(pods[0]["metadata"]["name"] if len(pods) == 1 else "")'
+}
+
+has_ready_plugin_pod() { [[ -n $(ready_plugin_pod) ]]; }
+
+no_plugin_pod() { [[ -z $(kns get pods -l app.kubernetes.io/name=efa-device-plugin -o name 2>/dev/null) ]]; }
+
+pod_field() { k -n "${3:-default}" get pod "$1" -o jsonpath="$2" 2>/dev/null; }
+
+pod_phase_is() { [[ $(pod_field "$1" '{.status.phase}') == "$2" ]]; }
+
+# The device IDs the kubelet's checkpoint records for a pod.
+allocated_ids() {
+	python3 "$HERE/lib/kubeinfo.py" allocated "$DP_DIR/kubelet_internal_checkpoint" "$1" "$RESOURCE" 2>/dev/null |
+		paste -sd' '
+}
+
+# workload NAME KIND COUNT: a Job (KIND=job) or a long-running Pod (KIND=pod)
+# whose container lists /dev/infiniband and prints FI_PROVIDER, then waits:
+# the Job long enough for its allocation to be read, the Pod until deleted.
+workload() {
+	local name=$1 kind=$2 count=$3 wait=5
+	[[ $kind == pod ]] && wait=100000
+	local container
+	container=$(
+		cat <<-EOF
+			{"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
+			 "command": ["sh", "-c", "ls -l /dev/infiniband; echo FI_PROVIDER=\${FI_PROVIDER:-unset}; sleep $wait"],
+			 "resources": {"limits": {"$RESOURCE": $count}}}
+		EOF
+	)
+	if [[ $kind == job ]]; then
+		k apply -f - <<-EOF
+			{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "$name", "namespace": "default"},
+			 "spec": {"backoffLimit": 0, "template": {"spec": {
+			   "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}}}
+		EOF
+	else
+		k apply -f - <<-EOF
+			{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$name", "namespace": "default"},
+			 "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}
+		EOF
+	fi
+}
+
+job_pod() { k get pods -l "job-name=$1" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
+
+no_job_pod() { [[ -z $(k get pods -l "job-name=$1" -o name 2>/dev/null) ]]; }
+
+# check_devices POD COUNT: the pod's container saw exactly the uverbs nodes
+# of the COUNT devices the kubelet allocated to it.
+check_devices() {
+	local pod=$1 count=$2 uid ids got want
+	uid=$(pod_field "$pod" '{.metadata.uid}')
+	read -ra ids <<<"$(allocated_ids "$uid")"
+	if ((${#ids[@]} != count)); then
+		REASON="checkpoint gives pod $pod ${#ids[@]} devices [${ids[*]}], want $count"
+		return 1
+	fi
+	wait_until 20 has_listing "$pod"
+	POD_LOG=$T/logs/pod-$pod.log
+	k logs "$pod" >"$POD_LOG"
+	got=$(listing_entries <"$POD_LOG")
+	want=$(expected_entries "${ids[@]}")
+	if [[ $got != "$want" ]]; then
+		REASON="pod $pod sees [$(paste -sd';' <<<"$got")] in /dev/infiniband, want [$(paste -sd';' <<<"$want")]"
+		return 1
+	fi
+	POD_IDS=("${ids[@]}")
+}
+
+# The container prints FI_PROVIDER after the listing, so the listing is whole.
+has_listing() { k logs "$1" 2>/dev/null | grep -q '^FI_PROVIDER='; }
+
+# run_job NAME COUNT: the scheduler places a Job asking for COUNT EFAs, its
+# container sees exactly its devices, and the Job completes.
+run_job() {
+	local name=$1 count=$2 pod
+	k delete job "$name" --ignore-not-found --wait >/dev/null 2>&1
+	workload "$name" job "$count" >/dev/null || { REASON="Job $name not accepted"; return 1; }
+	wait_until 60 job_pod_running "$name" || { REASON="Job $name has no Running pod within 60s: $(k get pods -l "job-name=$name" -o wide 2>&1 | tail -1)"; return 1; }
+	pod=$(job_pod "$name")
+	check_devices "$pod" "$count" || return 1
+	if ! k wait --for=condition=Complete "job/$name" --timeout=60s >/dev/null; then
+		REASON="Job $name not Complete within 60s"
+		return 1
+	fi
+	k delete job "$name" --wait >/dev/null
+	# The kubelet lists a finished pod's EFAs as held until the pod is gone, which the garbage
+	# collector does after the Job: later cases must not see it.
+	wait_until 60 no_job_pod "$name" || { REASON="Job $name's pod still there 60s after the Job"; return 1; }
+}
+
+job_pod_running() { local p; p=$(job_pod "$1") && [[ -n $p ]] && pod_phase_is "$p" Running; }
+
+# The plugin pod's metrics endpoint, scraped over the pod network.
+scrape() {
+	local ip
+	ip=$(pod_field "$1" '{.status.podIP}' "$NS")
+	curl -sf --max-time 5 "http://$ip:9465/metrics"
+}
+
+# plugin_installed_ok: a Ready plugin pod on the pod network, with the
+# securityContext as shipped, and the node advertising 4 EFAs.
+plugin_installed_ok() {
+	local shipped=$1 pod ip want got
+	if ! wait_until 120 has_ready_plugin_pod; then
+		REASON="no Ready plugin pod within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|'); $(plugin_events)"
+		return 1
+	fi
+	pod=$(ready_plugin_pod)
+	ip=$(pod_field "$pod" '{.status.podIP}' "$NS")
+	if [[ $ip != "${NODE_IP%.1}".* || $ip == "$NODE_IP" ]]; then
+		REASON="plugin pod $pod has IP '$ip', want one on the pod network $POD_SUBNET"
+		return 1
+	fi
+	want=$(python3 "$HERE/lib/pod_spec.py" security-context <"$shipped")
+	got=$(kns get pod "$pod" -o json | python3 "$HERE/lib/pod_spec.py" security-context)
+	if [[ $got != "$want" ]]; then
+		REASON="plugin pod's securityContext differs from the shipped one: got $got, want $want"
+		return 1
+	fi
+	if ! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4; then
+		REASON="node allocatable $RESOURCE is '$(allocatable)', want 4"
+		return 1
+	fi
+}
+
+plugin_events() {
+	kns get events --field-selector involvedObject.kind=Pod -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null |
+		tail -3 | paste -sd'|'
+}
+
+pod_events() {
+	k get events --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null |
+		paste -sd'|'
+}
+
+# ---------------------------------------------------------------- fixtures
+
+# kustomize_install OVERLAY: the plugin installed from OVERLAY, one of
+# cluster/kustomize, as users install the shipped manifests, and found as
+# plugin_installed_ok says.
+kustomize_install() {
+	local overlay=$1
+	k kustomize "$HERE/cluster/kustomize/$overlay" >"$T/$overlay.yaml" || { REASON="kustomize build failed"; return 1; }
+	k kustomize "$REPO/manifests" >"$T/shipped.yaml" || { REASON="kustomize build of manifests failed"; return 1; }
+	# The overlay may add only the fake tree: anything else would mean the
+	# suite tests a pod spec users do not get.
+	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/shipped.yaml" "$T/$overlay.yaml" 2>&1); then
+		return 1
+	fi
+	k apply -k "$HERE/cluster/kustomize/$overlay" >/dev/null || { REASON="kubectl apply -k rejected the overlay"; return 1; }
+	plugin_installed_ok "$T/shipped.yaml"
+}
+
+# uninstall_plugin: no plugin on the node, however a case installed it: the
+# chart's releases uninstalled, then a kustomize install deleted. True once
+# no plugin pod is left.
+uninstall_plugin() {
+	uninstall_releases
+	[[ -z $(kns get daemonset "$DS" -o name 2>/dev/null) ]] ||
+		k delete -k "$HERE/cluster/kustomize/p4d" --ignore-not-found --wait >/dev/null 2>&1
+	wait_until 60 no_plugin_pod && return 0
+	REASON="plugin pod still there 60s after its uninstall: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
+	return 1
+}
+
+# uninstall_releases: every release of this chart uninstalled, whatever its name.
+uninstall_releases() {
+	local release
+	for release in $(helm list -n "$NS" -o json 2>/dev/null | python3 -c '
+import json, sys
+print(" ".join(r["name"] for r in json.load(sys.stdin) if r["chart"].startswith("efa-device-plugin-")))'); do
+		helm uninstall "$release" -n "$NS" --wait >/dev/null 2>&1
+	done
+}
+
+# ensure_plugin: a Ready plugin pod with 4 EFAs allocatable, whichever
+# install made it; otherwise the p4d overlay, installed after whatever else
+# is there is gone.
+ensure_plugin() {
+	has_ready_plugin_pod && allocatable_is 4 && return 0
+	uninstall_plugin || return 1
+	kustomize_install p4d
+}
+
+# ensure_holder: ensure_plugin, and the long-running pod "holder" with 2
+# EFAs, created if it is not running; sets HOLDER_IDS to the IDs the kubelet
+# gave it. Cases that read the holder share one, as a new pod would cost a
+# scheduling round each.
+ensure_holder() {
+	ensure_plugin || return 1
+	if ! pod_phase_is holder Running; then
+		k delete pod holder --ignore-not-found --wait >/dev/null 2>&1
+		workload holder pod 2 >/dev/null || { REASON="pod holder not accepted"; return 1; }
+		if ! wait_until 60 pod_phase_is holder Running; then
+			REASON="pod holder not Running within 60s: $(pod_events holder)"
+			return 1
+		fi
+		check_devices holder 2 || return 1
+	fi
+	read -ra HOLDER_IDS <<<"$(allocated_ids "$(pod_field holder '{.metadata.uid}')")"
+}
