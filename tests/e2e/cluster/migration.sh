@@ -70,10 +70,7 @@ standin_install() {
 		REASON="stand-in pod not Ready within 60s: $(kns get pods -l "name=$STANDIN_RELEASE" -o wide 2>&1 | tail -n +2 | paste -sd'|')"
 		return 1
 	fi
-	if ! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4; then
-		REASON="allocatable is '$(allocatable)' with the stand-in, want 4"
-		return 1
-	fi
+	allocatable_settles_at_4 "with the stand-in" || return 1
 	want=$(efa_ibdevs)
 	if [[ $(registered_ids) != "$want" ]]; then
 		REASON="the kubelet registered [$(registered_ids)] from the stand-in, want [$want]"
@@ -106,10 +103,7 @@ ours_rolled_out() {
 		REASON="rollout status of $OURS_RELEASE did not succeed within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
 		return 1
 	fi
-	if ! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4; then
-		REASON="allocatable is '$(allocatable)' after the install, want 4"
-		return 1
-	fi
+	allocatable_settles_at_4 "after the install"
 }
 
 # start_pod NAME COUNT: a long-running pod holding COUNT EFAs whose container

@@ -16,6 +16,14 @@ allocatable() {
 
 allocatable_is() { [[ $(allocatable) == "$1" ]]; }
 
+# allocatable_settles_at_4 WHEN: allocatable reaches 4 within a node-status
+# period and 30s; otherwise REASON names WHEN ("after the install").
+allocatable_settles_at_4() {
+	wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4 && return 0
+	REASON="node allocatable $RESOURCE is '$(allocatable)' $1, want 4"
+	return 1
+}
+
 # The one plugin pod that is Ready and not terminating; empty otherwise.
 ready_plugin_pod() {
 	kns get pods -l app.kubernetes.io/name=efa-device-plugin -o json 2>/dev/null | python3 -c '
@@ -145,10 +153,7 @@ plugin_installed_ok() {
 		REASON="plugin pod's securityContext differs from the shipped one: got $got, want $want"
 		return 1
 	fi
-	if ! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4; then
-		REASON="node allocatable $RESOURCE is '$(allocatable)', want 4"
-		return 1
-	fi
+	allocatable_settles_at_4 "with the shipped securityContext"
 }
 
 plugin_events() {
