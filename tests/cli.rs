@@ -6,7 +6,7 @@ mod support;
 use std::path::Path;
 
 use efa_device_plugin::testkit::simulate::{FakeNode, Shape};
-use support::{assert_one_line_error, node_kind, run_binary, write_config};
+use support::{assert_one_line_error, node_args, node_kind, run_binary, write_config};
 
 #[test]
 fn precedence_is_flag_env_file_default() {
@@ -367,24 +367,19 @@ fn bad_log_format_is_named() {
     assert_one_line_error(run_binary(&["--log-format", "xml"], &[]), &["--log-format"]);
 }
 
+/// Runs the binary on `node` (its roots and, without root, the test-only switch), then `args`.
+fn run_on(node: &FakeNode, args: &[&str]) -> (i32, String, String) {
+    let node_args = node_args(node);
+    let mut all: Vec<&str> = node_args.iter().map(String::as_str).collect();
+    all.extend_from_slice(args);
+    run_binary(&all, &[])
+}
+
 #[test]
 fn list_json_has_exactly_the_documented_keys() {
     let dir = tempfile::tempdir().unwrap();
     let (node, _) = FakeNode::build(dir.path(), Shape::G5, node_kind()).unwrap();
-    let sysfs = node.sysfs.display().to_string();
-    let dev = node.dev.display().to_string();
-    let (code, stdout, stderr) = run_binary(
-        &[
-            "--sysfs-root",
-            &sysfs,
-            "--dev-root",
-            &dev,
-            "list",
-            "--output",
-            "json",
-        ],
-        &[],
-    );
+    let (code, stdout, stderr) = run_on(&node, &["list", "--output", "json"]);
     assert_eq!(code, 0, "{stderr}");
     let rows: Vec<serde_json::Map<String, serde_json::Value>> =
         serde_json::from_str(&stdout).unwrap();
@@ -420,9 +415,7 @@ fn list_table_shows_pci_identity_and_reasons() {
     let dir = tempfile::tempdir().unwrap();
     let (node, devices) = FakeNode::build(dir.path(), Shape::P4d, node_kind()).unwrap();
     node.remove_node(&devices[1]).unwrap();
-    let sysfs = node.sysfs.display().to_string();
-    let dev = node.dev.display().to_string();
-    let (code, stdout, _) = run_binary(&["--sysfs-root", &sysfs, "--dev-root", &dev, "list"], &[]);
+    let (code, stdout, _) = run_on(&node, &["list"]);
     assert_eq!(code, 0);
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 5, "{stdout}");
@@ -551,22 +544,10 @@ fn device_ids_default_to_ibdev_and_an_unknown_strategy_is_refused() {
 fn list_shows_both_names_whichever_the_strategy() {
     let dir = tempfile::tempdir().unwrap();
     let (node, _) = FakeNode::build(dir.path(), Shape::P4d, node_kind()).unwrap();
-    let sysfs = node.sysfs.display().to_string();
-    let dev = node.dev.display().to_string();
     let rows = |strategy: &str| {
-        let (code, stdout, stderr) = run_binary(
-            &[
-                "--sysfs-root",
-                &sysfs,
-                "--dev-root",
-                &dev,
-                "--device-id-strategy",
-                strategy,
-                "list",
-                "--output",
-                "json",
-            ],
-            &[],
+        let (code, stdout, stderr) = run_on(
+            &node,
+            &["--device-id-strategy", strategy, "list", "--output", "json"],
         );
         assert_eq!(code, 0, "{stderr}");
         let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout).unwrap();
@@ -596,21 +577,12 @@ fn list_names_a_registered_dra_driver_and_what_to_check() {
     let (node, _) = FakeNode::build(dir.path(), Shape::P4d, node_kind()).unwrap();
     let registry = dir.path().join("plugins_registry");
     std::fs::create_dir(&registry).unwrap();
-    let sysfs = node.sysfs.display().to_string();
-    let dev = node.dev.display().to_string();
     let registry_arg = registry.display().to_string();
     let list = |extra: &[&str]| {
-        let mut args = vec![
-            "--sysfs-root",
-            &sysfs,
-            "--dev-root",
-            &dev,
-            "--plugins-registry-dir",
-            &registry_arg,
-        ];
+        let mut args = vec!["--plugins-registry-dir", &registry_arg];
         args.extend(extra);
         args.push("list");
-        run_binary(&args, &[])
+        run_on(&node, &args)
     };
     let (code, stdout, stderr) = list(&[]);
     assert_eq!(code, 0);

@@ -36,6 +36,24 @@ pub(crate) fn node_kind() -> Nodes {
     }
 }
 
+/// The flags that point the binary at `node`: its sysfs and dev roots, and, when its device
+/// nodes are regular files (no root, no mknod), the test-only switch that judges them healthy.
+pub(crate) fn node_args(node: &FakeNode) -> Vec<String> {
+    let test_only = match node.nodes {
+        Nodes::Files => Some("--test-only-regular-file-nodes=true".to_owned()),
+        Nodes::CharDevices => None,
+    };
+    [
+        "--sysfs-root".to_owned(),
+        node.sysfs.display().to_string(),
+        "--dev-root".to_owned(),
+        node.dev.display().to_string(),
+    ]
+    .into_iter()
+    .chain(test_only)
+    .collect()
+}
+
 pub(crate) struct Harness {
     pub root: TempDir,
     pub node: FakeNode,
@@ -73,35 +91,27 @@ impl Harness {
         self.devices.iter().filter(|d| d.is_efa()).collect()
     }
 
-    /// The flags pointing the plugin at this harness: its HTTP endpoint on an ephemeral
+    /// The flags pointing the plugin at this harness: its node (`node_args`), its HTTP endpoint on an ephemeral
     /// loopback port, and the kubelet's other dirs inside the harness, never the host's.
     pub(crate) fn args(&self) -> Vec<String> {
         let kubelet_dir = |name: &str| self.root.path().join(name).display().to_string();
-        let test_only = match self.node.nodes {
-            Nodes::Files => Some("--test-only-regular-file-nodes"),
-            Nodes::CharDevices => None,
-        };
-        [
-            "--sysfs-root",
-            &self.node.sysfs.display().to_string(),
-            "--dev-root",
-            &self.node.dev.display().to_string(),
+        let plugin_dir = self.plugin_dir.display().to_string();
+        let pod_resources = kubelet_dir("pod-resources/kubelet.sock");
+        let plugins_registry = kubelet_dir("plugins_registry");
+        let harness = [
             "--device-plugin-dir",
-            &self.plugin_dir.display().to_string(),
+            &plugin_dir,
             "--rescan-interval",
             "200ms",
             "--metrics-address",
             "127.0.0.1:0",
             "--pod-resources-socket",
-            &kubelet_dir("pod-resources/kubelet.sock"),
+            &pod_resources,
             "--plugins-registry-dir",
-            &kubelet_dir("plugins_registry"),
+            &plugins_registry,
         ]
-        .iter()
-        .copied()
-        .chain(test_only)
-        .map(str::to_owned)
-        .collect()
+        .map(str::to_owned);
+        node_args(&self.node).into_iter().chain(harness).collect()
     }
 
     /// Starts the plugin binary with the harness flags followed by `extra` (later flags win).
