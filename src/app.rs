@@ -16,7 +16,7 @@ use crate::allocation::{self, Allocator, Contributors, Delivery, DeviceSpecs};
 use crate::cdi::{self, CdiNames, Kind, SpecSettings};
 use crate::config::{DeviceListStrategy, Settings};
 use crate::conflict::Guard;
-use crate::health::{Judge, Monitor, ScanStats};
+use crate::health::{Monitor, ScanStats};
 use crate::lifecycle::Lifecycle;
 use crate::state::{DeviceState, Holdings, PluginStatus};
 use crate::telemetry::http::{self, Endpoint};
@@ -75,12 +75,9 @@ impl Plugin {
         allocations: &AllocationMetrics,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Tasks> {
-        let judge = Judge::new(settings.dev_root.clone());
-        #[cfg(feature = "testkit")]
-        let judge = judge.accepting_regular_files(settings.test_only_regular_file_nodes);
         let mut monitor = Monitor::new(
             settings.sysfs_root.clone(),
-            judge,
+            settings.judge(),
             settings.rescan_interval,
             self.state.clone(),
         )

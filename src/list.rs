@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::cdi::{Kind, device_name};
 use crate::config::{OutputFormat, Settings};
 use crate::conflict;
-use crate::health::{self, Judge};
+use crate::health;
 use crate::state::{Health, Verdict};
 
 #[derive(Serialize)]
@@ -44,9 +44,7 @@ fn cdi_cell(names: &[String]) -> String {
 }
 
 pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> anyhow::Result<()> {
-    let judge = Judge::new(settings.dev_root.clone());
-    #[cfg(feature = "testkit")]
-    let judge = judge.accepting_regular_files(settings.test_only_regular_file_nodes);
+    let judge = settings.judge();
     let observed = health::observe(&settings.sysfs_root, settings.device_id_strategy, &judge);
     if let Some(failed) = observed.failed {
         anyhow::bail!("{}", failed.message);

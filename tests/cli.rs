@@ -324,19 +324,33 @@ async fn sharing_that_does_not_fit_the_node_names_where_the_count_came_from() {
 }
 
 #[test]
-fn a_taken_metrics_port_names_the_variable_that_chose_it() {
+fn a_taken_metrics_port_stops_the_start_and_names_the_flag_or_variable_that_chose_it() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let address = taken.local_addr().unwrap().to_string();
     let dir = tempfile::tempdir().unwrap();
     let plugins = dir.path().display().to_string();
-    let last = last_line_of_a_failed_start(
+    let by_flag = last_line_of_a_failed_start(
+        &[
+            "--device-plugin-dir",
+            &plugins,
+            "--metrics-address",
+            &address,
+        ],
+        &[],
+        1,
+    );
+    assert!(
+        by_flag.starts_with(&format!("error: --metrics-address {address}: ")),
+        "{by_flag}"
+    );
+    let by_variable = last_line_of_a_failed_start(
         &["--device-plugin-dir", &plugins],
         &[("EFA_DP_METRICS_ADDRESS", &address)],
         1,
     );
     assert!(
-        last.starts_with(&format!("error: EFA_DP_METRICS_ADDRESS {address}: ")),
-        "{last}"
+        by_variable.starts_with(&format!("error: EFA_DP_METRICS_ADDRESS {address}: ")),
+        "{by_variable}"
     );
 }
 

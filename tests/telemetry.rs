@@ -394,29 +394,6 @@ fn the_metrics_address_is_checked_configurable_and_can_be_off() {
     );
 }
 
-#[test]
-fn a_taken_metrics_port_stops_the_start_and_names_the_flag() {
-    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = taken.local_addr().unwrap().to_string();
-    let dir = tempfile::tempdir().unwrap();
-    let plugins = dir.path().display().to_string();
-    let (code, _, stderr) = support::run_binary(
-        &[
-            "--device-plugin-dir",
-            &plugins,
-            "--metrics-address",
-            &address,
-        ],
-        &[],
-    );
-    assert_ne!(code, 0);
-    let last = stderr.trim().lines().last().unwrap_or_default();
-    assert!(
-        last.contains(&format!("--metrics-address {address}")),
-        "{stderr}"
-    );
-}
-
 #[tokio::test]
 async fn the_nfd_feature_file_follows_the_devices_and_goes_with_the_plugin() {
     let mut h = Harness::new(Shape::P5);

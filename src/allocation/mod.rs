@@ -56,10 +56,6 @@ pub struct Edits {
 }
 
 impl Edits {
-    pub fn is_empty(&self) -> bool {
-        self.device_nodes.is_empty() && self.env.is_empty()
-    }
-
     /// The edits as the Allocate answer carries them, for the runtime to apply as they are.
     fn answer(self, response: &mut ContainerAllocateResponse) {
         response

@@ -22,6 +22,8 @@ use std::path::Path;
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
 
+use crate::health::Judge;
+
 pub use allocate_env::AllocateSettings;
 pub use listing::{OutputFormat, print_settings};
 pub use origin::{ConfigError, Origin};
@@ -128,6 +130,17 @@ fn settings_from(matches: &ArgMatches) -> Result<Settings, ConfigError> {
         )));
     }
     Ok(settings)
+}
+
+impl Settings {
+    /// The health rules these settings ask for: the product's, on their dev root, and in a test
+    /// build the test switch's regular files too. The plugin and `list` judge alike through it.
+    pub fn judge(&self) -> Judge {
+        let judge = Judge::new(self.dev_root.clone());
+        #[cfg(feature = "testkit")]
+        let judge = judge.accepting_regular_files(self.test_only_regular_file_nodes);
+        judge
+    }
 }
 
 /// Reads the file given by `--config` into its values by dotted key.

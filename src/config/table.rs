@@ -12,8 +12,7 @@ use serde::Serialize;
 
 use super::allocate_env::{AllocateSettings, EnvSetting};
 use super::file::{VERSION_KEY, VERSIONS};
-use super::origin::ConfigError;
-use super::origin::Origin;
+use super::origin::{ConfigError, Origin};
 use super::parsers::{
     LogLevel, parse_driver_names, parse_interval, parse_metrics_address, parse_optional_path,
     parse_path, parse_sharing, parse_socket_names,
