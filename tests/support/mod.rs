@@ -91,8 +91,9 @@ impl Harness {
         self.devices.iter().filter(|d| d.is_efa()).collect()
     }
 
-    /// The flags pointing the plugin at this harness: its node (`node_args`), its HTTP endpoint on an ephemeral
-    /// loopback port, and the kubelet's other dirs inside the harness, never the host's.
+    /// The flags pointing the plugin at this harness: its node ([`node_args`]), its HTTP
+    /// endpoint on an ephemeral loopback port, and the kubelet's other dirs inside the harness,
+    /// never the host's.
     pub(crate) fn args(&self) -> Vec<String> {
         let kubelet_dir = |name: &str| self.root.path().join(name).display().to_string();
         let plugin_dir = self.plugin_dir.display().to_string();
