@@ -9,6 +9,7 @@
 //! [`setting`]; the file is read in [`file`], the texts parsed in [`parsers`].
 
 mod allocate_env;
+mod depth;
 mod file;
 mod listing;
 mod origin;
