@@ -83,6 +83,28 @@ fn unknown_config_key_names_the_file_and_key() {
 }
 
 #[test]
+fn a_key_that_is_no_name_or_a_group_that_is_no_map_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, problem) in [
+        // Printed as "unknown key `- a" and cut at the key's line break.
+        (
+            "? - a\n  - b\n: 1\n",
+            "a key is a list, not a setting's name",
+        ),
+        // Printed as "sharing.expected a map of settings".
+        (
+            "sharing: 2\n",
+            "sharing: must be a map of settings (replicas), not a number",
+        ),
+    ] {
+        let config = write_config(dir.path(), text);
+        let result = run_binary(&["--config", &config, "config"], &[]);
+        assert_eq!(result.0, 2, "{text:?}");
+        assert_one_line_error(result, &[&format!("config file {config}: {problem}")]);
+    }
+}
+
+#[test]
 fn missing_config_file_is_named() {
     assert_one_line_error(
         run_binary(&["--config", "/nonexistent/efa.yaml"], &[]),

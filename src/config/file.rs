@@ -44,10 +44,7 @@ pub(super) fn read(path: &Path, keys: &[&'static str]) -> Result<Document, Confi
     let mut document: Value =
         serde_yaml::from_str(&text).map_err(|err| problem(err.to_string().replace('\n', " ")))?;
     check_version(&mut document).map_err(problem)?;
-    // An empty file, or one of comments only, is an empty document: the defaults.
-    if !document.is_null() {
-        collect(&document, "", keys, &mut values).map_err(problem)?;
-    }
+    collect(&document, "", keys, &mut values).map_err(problem)?;
     Ok(Document { text, values })
 }
 
@@ -73,16 +70,43 @@ fn check_version(document: &mut Value) -> Result<(), String> {
 
 /// Files the entries of one mapping, the document or a group such as `sharing:`, under their
 /// dotted keys. An unknown key is an error, so a typo cannot silently fall back to a default.
+/// An empty document (a file of comments only) or group (`sharing:` alone), like a setting left
+/// empty, sets nothing.
 fn collect(
     mapping: &Value,
     prefix: &str,
     keys: &[&'static str],
     values: &mut FileValues,
 ) -> Result<(), String> {
-    let Value::Mapping(entries) = mapping else {
-        return Err(format!("{prefix}expected a map of settings"));
+    // The group as the error names it, `sharing: `, with the keys it holds; the document has
+    // no name, and its keys are those of --help.
+    let (group, members) = match prefix.strip_suffix('.') {
+        Some(group) => {
+            let members: Vec<&str> = keys
+                .iter()
+                .filter_map(|key| key.strip_prefix(prefix))
+                .collect();
+            (format!("{group}: "), format!(" ({})", members.join(", ")))
+        }
+        None => (String::new(), String::new()),
+    };
+    let entries = match mapping {
+        Value::Mapping(entries) => entries,
+        Value::Null => return Ok(()),
+        other => {
+            return Err(format!(
+                "{group}must be a map of settings{members}, not {}",
+                kind(other)
+            ));
+        }
     };
     for (name, value) in entries {
+        if let Value::Sequence(_) | Value::Mapping(_) = untagged(name) {
+            return Err(format!(
+                "{group}a key is {}, not a setting's name ({KEYS_ARE})",
+                kind(name)
+            ));
+        }
         let dotted = format!("{prefix}{}", yaml_scalar(name));
         if let Some(key) = keys.iter().find(|key| **key == dotted) {
             values.insert(key, value.clone());
@@ -92,12 +116,46 @@ fn collect(
         {
             collect(value, &format!("{dotted}."), keys, values)?;
         } else {
-            return Err(format!(
-                "unknown key `{dotted}` (the keys are the long flag names, see --help)"
-            ));
+            return Err(format!("unknown key `{}` ({KEYS_ARE})", one_line(&dotted)));
         }
     }
     Ok(())
+}
+
+/// What the keys of the file are, for an error about one.
+const KEYS_ARE: &str = "the keys are the long flag names, see --help";
+
+fn untagged(value: &Value) -> &Value {
+    match value {
+        Value::Tagged(tagged) => untagged(&tagged.value),
+        other => other,
+    }
+}
+
+/// What a YAML value is, to say what was found where something else belongs.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "empty",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "a map",
+        Value::Tagged(tagged) => kind(&tagged.value),
+    }
+}
+
+/// A key as part of one line: a line break or other control character in it (a quoted key may
+/// hold any) escaped, so the error is not cut there.
+fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            c if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') => {
+                c.escape_default().to_string()
+            }
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 /// A YAML scalar as the text a flag would carry; a tag such as `!foo` is ignored.
