@@ -403,6 +403,42 @@ fn bad_log_format_is_named() {
     assert_one_line_error(run_binary(&["--log-format", "xml"], &[]), &["--log-format"]);
 }
 
+#[test]
+fn a_bad_choice_names_the_variable_that_gave_it() {
+    // Each printed "invalid value ... for '--<flag>'", and the empty one "a value is required
+    // for '--device-id-strategy'": the flag, which was not given.
+    for (variable, value, choices) in [
+        ("EFA_DP_DEVICE_ID_STRATEGY", "foo", "use ibdev or pci"),
+        ("EFA_DP_LOG_FORMAT", "xml", "use text or json"),
+        (
+            "EFA_DP_DEVICE_LIST_STRATEGY",
+            "foo",
+            "use device-specs or cdi",
+        ),
+        ("EFA_DP_DEVICE_ID_STRATEGY", "", "use ibdev or pci"),
+    ] {
+        let result = run_binary(&["config"], &[(variable, value)]);
+        assert_eq!(result.0, 2, "{variable}={value}");
+        assert!(!result.2.contains("--"), "{}", result.2);
+        assert_one_line_error(
+            result,
+            &[&format!(
+                "error: {variable}: invalid value {value:?}: {choices}"
+            )],
+        );
+    }
+    // The flag names itself, and --help still lists the choices.
+    let result = run_binary(&["--log-format", "xml", "config"], &[]);
+    assert_eq!(result.0, 2);
+    assert_one_line_error(
+        result,
+        &["error: --log-format: invalid value \"xml\": use text or json"],
+    );
+    let (code, help, _) = run_binary(&["-h"], &[]);
+    assert_eq!(code, 0);
+    assert!(help.contains("[possible values: ibdev, pci]"), "{help}");
+}
+
 /// Runs the binary on `node` (its roots and, without root, the test-only switch), then `args`.
 fn run_on(node: &FakeNode, args: &[&str]) -> (i32, String, String) {
     let node_args = node_args(node);
@@ -569,7 +605,7 @@ fn device_ids_default_to_ibdev_and_an_unknown_strategy_is_refused() {
     assert_one_line_error(result, &["--device-id-strategy", "bdf"]);
     let result = run_binary(&["config"], &[("EFA_DP_DEVICE_ID_STRATEGY", "PCI-address")]);
     assert_eq!(result.0, 2);
-    assert_one_line_error(result, &["--device-id-strategy"]);
+    assert_one_line_error(result, &["EFA_DP_DEVICE_ID_STRATEGY", "PCI-address"]);
     let config = write_config(dir.path(), "device-id-strategy: uuid\n");
     let result = run_binary(&["--config", &config, "config"], &[]);
     assert_eq!(result.0, 2);
