@@ -98,10 +98,19 @@ fn a_key_that_is_no_name_or_a_group_that_is_no_map_is_one_clear_line() {
         ),
     ] {
         let config = write_config(dir.path(), text);
-        let result = run_binary(&["--config", &config, "config"], &[]);
-        assert_eq!(result.0, 2, "{text:?}");
-        assert_one_line_error(result, &[&format!("config file {config}: {problem}")]);
+        assert_refused(
+            &["--config", &config, "config"],
+            &[],
+            &format!("config file {config}: {problem}"),
+        );
     }
+}
+
+/// Asserts that the binary exits 2 with one line on stderr, which holds `line`.
+fn assert_refused(args: &[&str], env: &[(&str, &str)], line: &str) {
+    let result = run_binary(args, env);
+    assert_eq!(result.0, 2, "{args:?} {env:?}: {}", result.2);
+    assert_one_line_error(result, &[line]);
 }
 
 #[test]
@@ -399,6 +408,36 @@ fn the_config_file_may_say_it_is_v1_and_no_other_version() {
 }
 
 #[test]
+fn a_log_level_that_names_no_level_is_refused_naming_where_it_came_from() {
+    // The logger read `warnn` as a target to log at every level: the plugin started and logged
+    // nothing at all.
+    for level in ["warnn", "foo", ""] {
+        assert_refused(
+            &["config"],
+            &[("EFA_DP_LOG_LEVEL", level)],
+            &format!(
+                "error: EFA_DP_LOG_LEVEL: invalid log level {level:?}: {level:?} names no level"
+            ),
+        );
+    }
+    assert_refused(
+        &["--log-level", "warnn", "config"],
+        &[],
+        "error: --log-level: invalid log level \"warnn\"",
+    );
+    for level in [
+        "info",
+        "warn,efa_device_plugin=debug",
+        "efa_device_plugin=trace",
+    ] {
+        let (code, stdout, stderr) = run_binary(&["config"], &[("EFA_DP_LOG_LEVEL", level)]);
+        assert_eq!(code, 0, "{level}: {stderr}");
+        let effective: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+        assert_eq!(effective["log-level"], level);
+    }
+}
+
+#[test]
 fn bad_log_format_is_named() {
     assert_one_line_error(run_binary(&["--log-format", "xml"], &[]), &["--log-format"]);
 }
@@ -417,22 +456,17 @@ fn a_bad_choice_names_the_variable_that_gave_it() {
         ),
         ("EFA_DP_DEVICE_ID_STRATEGY", "", "use ibdev or pci"),
     ] {
-        let result = run_binary(&["config"], &[(variable, value)]);
-        assert_eq!(result.0, 2, "{variable}={value}");
-        assert!(!result.2.contains("--"), "{}", result.2);
-        assert_one_line_error(
-            result,
-            &[&format!(
-                "error: {variable}: invalid value {value:?}: {choices}"
-            )],
+        assert_refused(
+            &["config"],
+            &[(variable, value)],
+            &format!("error: {variable}: invalid value {value:?}: {choices}"),
         );
     }
     // The flag names itself, and --help still lists the choices.
-    let result = run_binary(&["--log-format", "xml", "config"], &[]);
-    assert_eq!(result.0, 2);
-    assert_one_line_error(
-        result,
-        &["error: --log-format: invalid value \"xml\": use text or json"],
+    assert_refused(
+        &["--log-format", "xml", "config"],
+        &[],
+        "error: --log-format: invalid value \"xml\": use text or json",
     );
     let (code, help, _) = run_binary(&["-h"], &[]);
     assert_eq!(code, 0);
