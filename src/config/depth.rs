@@ -199,10 +199,12 @@ impl FlowDepth {
     }
 }
 
-/// An upper bound on how deep the YAML in `text` nests: per line, its indentation (two columns
-/// a level) and its leading `- ` and `? ` entries, on top of the flow collections open at its
-/// end; and the deepest flow nesting anywhere. It may overcount, never undercount, which is the
-/// safe side for a limit far above what the schema needs.
+/// How deep the YAML in `text` nests: per line, its indentation (two columns a level) and its
+/// leading `- ` and `? ` entries, on top of the flow collections open at its end; and the
+/// deepest flow nesting anywhere. The flow depth, which the parser pays for, may be overcounted,
+/// never undercounted. A file indented one column a level nests up to twice as deep as counted,
+/// but the size limit keeps such a file under 1,500 levels, which the parser reads at once; the
+/// compact `- - -` form, which packs a level into two bytes, is counted whole.
 pub(super) fn nesting_depth(text: &str) -> usize {
     let mut flow = FlowDepth::default();
     let mut deepest = 0;
