@@ -155,7 +155,7 @@ fn plain(c: char) -> Steps {
 /// The flow depth of a text read so far, as an upper bound on libyaml's: per scanner state,
 /// the deepest depth at which some reading of the text is in that state.
 #[derive(Default)]
-pub(super) struct FlowDepth {
+struct FlowDepth {
     /// By [`LEXERS`] index; 0 where no reading is (a reading at depth 0 is outside every
     /// collection, where every bracket starts a new one anyway).
     depths: [usize; LEXERS.len()],
@@ -163,7 +163,7 @@ pub(super) struct FlowDepth {
 }
 
 impl FlowDepth {
-    pub(super) fn read(&mut self, c: char) {
+    fn read(&mut self, c: char) {
         let mut next = [0; LEXERS.len()];
         for (lexer, depth) in LEXERS.iter().zip(self.depths) {
             if depth == 0 {
@@ -189,12 +189,12 @@ impl FlowDepth {
     }
 
     /// The deepest open collection now.
-    pub(super) fn current(&self) -> usize {
+    fn current(&self) -> usize {
         self.depths.into_iter().max().unwrap_or(0)
     }
 
     /// The deepest open collection so far.
-    pub(super) fn deepest(&self) -> usize {
+    fn deepest(&self) -> usize {
         self.deepest
     }
 }
