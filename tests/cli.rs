@@ -83,6 +83,37 @@ fn unknown_config_key_names_the_file_and_key() {
 }
 
 #[test]
+fn a_key_that_is_no_name_or_a_group_that_is_no_map_is_one_clear_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (text, problem) in [
+        // Printed as "unknown key `- a" and cut at the key's line break.
+        (
+            "? - a\n  - b\n: 1\n",
+            "a key is a list, not a setting's name",
+        ),
+        // Printed as "sharing.expected a map of settings".
+        (
+            "sharing: 2\n",
+            "sharing: must be a map of settings (replicas), not a number",
+        ),
+    ] {
+        let config = write_config(dir.path(), text);
+        assert_refused(
+            &["--config", &config, "config"],
+            &[],
+            &format!("config file {config}: {problem}"),
+        );
+    }
+}
+
+/// Asserts that the binary exits 2 with one line on stderr, which holds `line`.
+fn assert_refused(args: &[&str], env: &[(&str, &str)], line: &str) {
+    let result = run_binary(args, env);
+    assert_eq!(result.0, 2, "{args:?} {env:?}: {}", result.2);
+    assert_one_line_error(result, &[line]);
+}
+
+#[test]
 fn missing_config_file_is_named() {
     assert_one_line_error(
         run_binary(&["--config", "/nonexistent/efa.yaml"], &[]),
@@ -377,8 +408,69 @@ fn the_config_file_may_say_it_is_v1_and_no_other_version() {
 }
 
 #[test]
+fn a_log_level_that_names_no_level_is_refused_naming_where_it_came_from() {
+    // The logger read `warnn` as a target to log at every level: the plugin started and logged
+    // nothing at all.
+    for level in ["warnn", "foo", ""] {
+        assert_refused(
+            &["config"],
+            &[("EFA_DP_LOG_LEVEL", level)],
+            &format!(
+                "error: EFA_DP_LOG_LEVEL: invalid log level {level:?}: {level:?} names no level"
+            ),
+        );
+    }
+    assert_refused(
+        &["--log-level", "warnn", "config"],
+        &[],
+        "error: --log-level: invalid log level \"warnn\"",
+    );
+    for level in [
+        "info",
+        "warn,efa_device_plugin=debug",
+        "efa_device_plugin=trace",
+    ] {
+        let (code, stdout, stderr) = run_binary(&["config"], &[("EFA_DP_LOG_LEVEL", level)]);
+        assert_eq!(code, 0, "{level}: {stderr}");
+        let effective: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+        assert_eq!(effective["log-level"], level);
+    }
+}
+
+#[test]
 fn bad_log_format_is_named() {
     assert_one_line_error(run_binary(&["--log-format", "xml"], &[]), &["--log-format"]);
+}
+
+#[test]
+fn a_bad_choice_names_the_variable_that_gave_it() {
+    // Each printed "invalid value ... for '--<flag>'", and the empty one "a value is required
+    // for '--device-id-strategy'": the flag, which was not given.
+    for (variable, value, choices) in [
+        ("EFA_DP_DEVICE_ID_STRATEGY", "foo", "use ibdev or pci"),
+        ("EFA_DP_LOG_FORMAT", "xml", "use text or json"),
+        (
+            "EFA_DP_DEVICE_LIST_STRATEGY",
+            "foo",
+            "use device-specs or cdi",
+        ),
+        ("EFA_DP_DEVICE_ID_STRATEGY", "", "use ibdev or pci"),
+    ] {
+        assert_refused(
+            &["config"],
+            &[(variable, value)],
+            &format!("error: {variable}: invalid value {value:?}: {choices}"),
+        );
+    }
+    // The flag names itself, and --help still lists the choices.
+    assert_refused(
+        &["--log-format", "xml", "config"],
+        &[],
+        "error: --log-format: invalid value \"xml\": use text or json",
+    );
+    let (code, help, _) = run_binary(&["-h"], &[]);
+    assert_eq!(code, 0);
+    assert!(help.contains("[possible values: ibdev, pci]"), "{help}");
 }
 
 /// Runs the binary on `node` (its roots and, without root, the test-only switch), then `args`.
@@ -547,7 +639,7 @@ fn device_ids_default_to_ibdev_and_an_unknown_strategy_is_refused() {
     assert_one_line_error(result, &["--device-id-strategy", "bdf"]);
     let result = run_binary(&["config"], &[("EFA_DP_DEVICE_ID_STRATEGY", "PCI-address")]);
     assert_eq!(result.0, 2);
-    assert_one_line_error(result, &["--device-id-strategy"]);
+    assert_one_line_error(result, &["EFA_DP_DEVICE_ID_STRATEGY", "PCI-address"]);
     let config = write_config(dir.path(), "device-id-strategy: uuid\n");
     let result = run_binary(&["--config", &config, "config"], &[]);
     assert_eq!(result.0, 2);

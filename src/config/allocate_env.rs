@@ -7,7 +7,8 @@ use clap::{Arg, ArgAction};
 use serde::Serialize;
 use serde_yaml::Value;
 
-use super::file::{CONFIG_DEPTH_LIMIT, FileValues, nesting_depth, scalar_text, yaml_scalar};
+use super::depth::nesting_depth;
+use super::file::{CONFIG_DEPTH_LIMIT, FileValues, scalar_text, yaml_scalar};
 use super::origin::{ConfigError, Origin};
 use super::setting::{Describe, Given, Resolve, flag_arg};
 

@@ -5,13 +5,14 @@ use std::path::Path;
 
 use serde_yaml::Value;
 
+use super::depth::nesting_depth;
 use super::origin::ConfigError;
 
 /// A config file is a few hundred bytes; the cap keeps a wrong path (a log, a disk image) from
 /// being read whole.
 pub(super) const CONFIG_SIZE_LIMIT: u64 = 1 << 20;
 /// The schema nests two levels; the YAML parser's cost grows with the square of the depth, so
-/// deeper input is refused before it is parsed.
+/// deeper input is refused before it is parsed (see [`nesting_depth`]).
 pub(super) const CONFIG_DEPTH_LIMIT: usize = 32;
 
 /// The key naming the file's format, and the formats this plugin reads; a file without the key
@@ -43,10 +44,7 @@ pub(super) fn read(path: &Path, keys: &[&'static str]) -> Result<Document, Confi
     let mut document: Value =
         serde_yaml::from_str(&text).map_err(|err| problem(err.to_string().replace('\n', " ")))?;
     check_version(&mut document).map_err(problem)?;
-    // An empty file, or one of comments only, is an empty document: the defaults.
-    if !document.is_null() {
-        collect(&document, "", keys, &mut values).map_err(problem)?;
-    }
+    collect(&document, "", keys, &mut values).map_err(problem)?;
     Ok(Document { text, values })
 }
 
@@ -72,16 +70,43 @@ fn check_version(document: &mut Value) -> Result<(), String> {
 
 /// Files the entries of one mapping, the document or a group such as `sharing:`, under their
 /// dotted keys. An unknown key is an error, so a typo cannot silently fall back to a default.
+/// An empty document (a file of comments only) or group (`sharing:` alone), like a setting left
+/// empty, sets nothing.
 fn collect(
     mapping: &Value,
     prefix: &str,
     keys: &[&'static str],
     values: &mut FileValues,
 ) -> Result<(), String> {
-    let Value::Mapping(entries) = mapping else {
-        return Err(format!("{prefix}expected a map of settings"));
+    // The group as the error names it, `sharing: `, with the keys it holds; the document has
+    // no name, and its keys are those of --help.
+    let (group, members) = match prefix.strip_suffix('.') {
+        Some(group) => {
+            let members: Vec<&str> = keys
+                .iter()
+                .filter_map(|key| key.strip_prefix(prefix))
+                .collect();
+            (format!("{group}: "), format!(" ({})", members.join(", ")))
+        }
+        None => (String::new(), String::new()),
+    };
+    let entries = match mapping {
+        Value::Mapping(entries) => entries,
+        Value::Null => return Ok(()),
+        other => {
+            return Err(format!(
+                "{group}must be a map of settings{members}, not {}",
+                kind(other)
+            ));
+        }
     };
     for (name, value) in entries {
+        if let Value::Sequence(_) | Value::Mapping(_) = untagged(name) {
+            return Err(format!(
+                "{group}a key is {}, not a setting's name ({KEYS_ARE})",
+                kind(name)
+            ));
+        }
         let dotted = format!("{prefix}{}", yaml_scalar(name));
         if let Some(key) = keys.iter().find(|key| **key == dotted) {
             values.insert(key, value.clone());
@@ -91,12 +116,46 @@ fn collect(
         {
             collect(value, &format!("{dotted}."), keys, values)?;
         } else {
-            return Err(format!(
-                "unknown key `{dotted}` (the keys are the long flag names, see --help)"
-            ));
+            return Err(format!("unknown key `{}` ({KEYS_ARE})", one_line(&dotted)));
         }
     }
     Ok(())
+}
+
+/// What the keys of the file are, for an error about one.
+const KEYS_ARE: &str = "the keys are the long flag names, see --help";
+
+fn untagged(value: &Value) -> &Value {
+    match value {
+        Value::Tagged(tagged) => untagged(&tagged.value),
+        other => other,
+    }
+}
+
+/// What a YAML value is, to say what was found where something else belongs.
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "empty",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Sequence(_) => "a list",
+        Value::Mapping(_) => "a map",
+        Value::Tagged(tagged) => kind(&tagged.value),
+    }
+}
+
+/// A key as part of one line: a line break or other control character in it (a quoted key may
+/// hold any) escaped, so the error is not cut there.
+fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            c if c.is_control() || matches!(c, '\u{2028}' | '\u{2029}') => {
+                c.escape_default().to_string()
+            }
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 /// A YAML scalar as the text a flag would carry; a tag such as `!foo` is ignored.
@@ -108,38 +167,6 @@ pub(super) fn scalar_text(value: &Value) -> Result<String, String> {
             Err("must be a string, number or boolean (use \"\" for empty)".to_owned())
         }
     }
-}
-
-/// An upper bound on how deep the YAML in `text` nests, found without parsing it: per line, its
-/// indentation (two columns a level), its leading `- ` and `? ` entries, and the `[`/`{` flow
-/// collections open at its end. It may overcount (brackets in a plain scalar), never
-/// undercount, which is the safe side for a limit far above what the schema needs.
-pub(super) fn nesting_depth(text: &str) -> usize {
-    let mut flow: usize = 0;
-    let mut deepest = 0;
-    for line in text.lines() {
-        let indent = line.len() - line.trim_start_matches([' ', '\t']).len();
-        let mut rest = line.trim_start();
-        let mut entries = 0;
-        while let Some(after) = rest.strip_prefix("- ").or_else(|| rest.strip_prefix("? ")) {
-            entries += 1;
-            rest = after.trim_start();
-        }
-        let mut quote = None;
-        for c in rest.chars() {
-            match (quote, c) {
-                (None, '#') => break,
-                (None, '\'' | '"') => quote = Some(c),
-                (Some(open), c) if c == open => quote = None,
-                (None, '[' | '{') => flow += 1,
-                (None, ']' | '}') => flow = flow.saturating_sub(1),
-                _ => {}
-            }
-            deepest = deepest.max(flow);
-        }
-        deepest = deepest.max(indent.div_ceil(2) + entries + flow);
-    }
-    deepest
 }
 
 /// A YAML scalar as the text a flag would carry, so the file is parsed like the flag.
@@ -195,15 +222,28 @@ mod tests {
     }
 
     #[test]
-    fn nesting_depth_bounds_block_compact_and_flow_nesting() {
-        assert_eq!(nesting_depth("sharing:\n  replicas: 1\n"), 1);
-        assert_eq!(nesting_depth("dra-drivers:\n  - dra.net\n"), 2);
-        assert_eq!(nesting_depth("a: [[[1]]]\n"), 3);
-        assert_eq!(nesting_depth("a: \"[[[\" # [[[\n"), 0);
-        assert_eq!(nesting_depth(&"- ".repeat(50)), 50);
-        assert_eq!(
-            nesting_depth(&format!("{}\n{}", "[".repeat(40), "]".repeat(40))),
-            40
-        );
+    fn a_deep_file_is_refused_before_parsing_whatever_its_quoting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("deep.yaml");
+        // A `'` or `#` inside a plain scalar in a flow collection starts no quote or comment,
+        // and `\"` ends no quoted scalar: libyaml nests every bracket after them. 100,000 levels
+        // took 38.5 s to refuse.
+        for entry in ["a'", "a#b", "\"\\\"\""] {
+            let levels = 100_000;
+            let text = format!(
+                "k: [{entry}, {}{}",
+                "[".repeat(levels),
+                "]".repeat(levels + 1)
+            );
+            std::fs::write(&path, &text).unwrap();
+            let err = read(&path, &["k"]).err().unwrap().0;
+            assert!(
+                err.ends_with(&format!(
+                    ": nested {} levels deep, more than the {CONFIG_DEPTH_LIMIT} allowed",
+                    levels + 1
+                )),
+                "{entry}: {err}"
+            );
+        }
     }
 }

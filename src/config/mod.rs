@@ -9,6 +9,7 @@
 //! [`setting`]; the file is read in [`file`], the texts parsed in [`parsers`].
 
 mod allocate_env;
+mod depth;
 mod file;
 mod listing;
 mod origin;
@@ -225,14 +226,43 @@ pub(crate) mod tests {
     fn unknown_keys_are_named_with_their_group() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("typo.yaml");
+        let keys = "(the keys are the long flag names, see --help)";
         for (text, named) in [
             ("sharing:\n  replica: 2\n", "unknown key `sharing.replica`"),
-            ("sharing: 2\n", "sharing.expected a map of settings"),
             ("rescan-interval: 1s\nrescan-interval: 2s\n", "duplicate"),
+            // A scalar or a list where a group belongs, and a document that is no map.
+            (
+                "sharing: 2\n",
+                "sharing: must be a map of settings (replicas), not a number",
+            ),
+            (
+                "sharing: [2]\n",
+                "sharing: must be a map of settings (replicas), not a list",
+            ),
+            (
+                "- rescan-interval: 2s\n",
+                "must be a map of settings, not a list",
+            ),
+            // A key that is a list or a map, which YAML allows, over several lines.
+            (
+                "? - a\n  - b\n: 1\n",
+                &format!("a key is a list, not a setting's name {keys}"),
+            ),
+            (
+                "sharing:\n  ? {a: 1}\n  : 2\n",
+                &format!("sharing: a key is a map, not a setting's name {keys}"),
+            ),
+            ("\"a\\nb\": 1\n", &format!("unknown key `a\\nb` {keys}")),
         ] {
             std::fs::write(&path, text).unwrap();
             let err = read_file(&path).unwrap_err().0;
+            let file = format!("config file {}: ", path.display());
+            assert!(err.starts_with(&file), "{text:?}: {err}");
             assert!(err.contains(named), "{text:?}: {err}");
+            assert!(!err.contains('\n'), "{text:?}: {err}");
         }
+        // A group left empty, like a setting, sets nothing.
+        std::fs::write(&path, "sharing:\n  # replicas: 2\n").unwrap();
+        assert!(read_file(&path).unwrap().is_empty());
     }
 }

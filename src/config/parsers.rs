@@ -9,6 +9,7 @@ use clap::ValueEnum;
 use clap::builder::PossibleValue;
 use serde::Serialize;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::LevelFilter;
 
 use crate::allocation::sharing::{Sharing, parse_replicas};
 
@@ -34,8 +35,25 @@ pub(super) fn parse_optional_path(text: &str) -> Result<Option<PathBuf>, String>
 pub struct LogLevel(String);
 
 impl LogLevel {
+    /// Each directive must name its level. The logger reads a bare word that is no level as a
+    /// target to log at every level, and an empty text as no directive at all: `warnn` or an
+    /// empty variable would start a plugin that logs nothing.
     pub(super) fn parse(text: &str) -> Result<Self, String> {
-        EnvFilter::try_new(text).map_err(|err| format!("invalid log level {text:?}: {err}"))?;
+        let invalid = |why: String| format!("invalid log level {text:?}: {why}");
+        EnvFilter::try_new(text).map_err(|err| invalid(err.to_string()))?;
+        // Split as the logger splits them.
+        let directives: Vec<&str> = text.split(',').filter(|d| !d.is_empty()).collect();
+        let unnamed = if directives.is_empty() {
+            Some(text)
+        } else {
+            directives.into_iter().find(|d| !names_a_level(d))
+        };
+        if let Some(directive) = unnamed {
+            return Err(invalid(format!(
+                "{directive:?} names no level (use error, warn, info, debug, trace or off, or \
+                 TARGET=LEVEL directives, e.g. warn,efa_device_plugin=debug)"
+            )));
+        }
         Ok(LogLevel(text.to_owned()))
     }
 
@@ -50,6 +68,17 @@ impl std::fmt::Debug for LogLevel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.fmt(f)
     }
+}
+
+/// Whether a directive ends in its level: `info`, or `efa_device_plugin=debug` (the last `=`,
+/// as a span's field may hold one). The logger reads an empty level as trace, so it names none.
+fn names_a_level(directive: &str) -> bool {
+    let directive = directive.trim();
+    let level = directive
+        .rsplit_once('=')
+        .map_or(directive, |(_, level)| level)
+        .trim();
+    !level.is_empty() && level.parse::<LevelFilter>().is_ok()
 }
 
 pub(super) fn parse_sharing(text: &str) -> Result<Sharing, String> {
@@ -159,6 +188,38 @@ pub(super) fn parse_bool(text: &str) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_log_level_must_name_a_level_in_every_directive() {
+        for text in [
+            "info",
+            "WARN",
+            "off",
+            "warn,efa_device_plugin=debug",
+            "efa_device_plugin=trace",
+            "efa_device_plugin::health=debug,h2=off",
+            "warn,efa_device_plugin[scan{id=efa_0}]=trace",
+        ] {
+            assert!(LogLevel::parse(text).is_ok(), "{text}");
+        }
+        for (text, unnamed) in [
+            // A mistyped level is read as a target: nothing at all would be logged.
+            ("warnn", "warnn"),
+            ("foo", "foo"),
+            ("info,debugg", "debugg"),
+            ("efa_device_plugin=", "efa_device_plugin="),
+            ("efa_device_plugin[scan]", "efa_device_plugin[scan]"),
+            ("", ""),
+        ] {
+            let err = LogLevel::parse(text).unwrap_err();
+            assert!(
+                err.starts_with(&format!(
+                    "invalid log level {text:?}: {unnamed:?} names no level (use error, warn"
+                )),
+                "{text}: {err}"
+            );
+        }
+    }
 
     #[test]
     fn intervals_parse_like_the_docs_say() {

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use clap::builder::{PossibleValue, PossibleValuesParser};
+use clap::builder::{PossibleValue, StringValueParser, TypedValueParser};
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, ValueEnum};
 use serde_yaml::Value;
@@ -60,7 +60,7 @@ pub(super) struct Setting<T> {
     pub(super) file: FileKey,
     /// A bare `--flag` means `--flag=true`.
     switch: bool,
-    /// The words clap lists in `--help` and in its own error; empty for free text.
+    /// The words `--help` lists; empty for free text.
     choices: fn() -> Vec<PossibleValue>,
     /// For a repeatable flag: how the values of two occurrences combine, in order.
     repeat: Option<fn(T, T) -> T>,
@@ -166,7 +166,7 @@ impl<T: Clone + Send + Sync + 'static> Describe for Setting<T> {
         let arg = if choices.is_empty() {
             arg
         } else {
-            arg.value_parser(PossibleValuesParser::new(choices))
+            arg.value_parser(ChoiceText(choices))
         };
         if self.switch {
             arg.num_args(0..=1).default_missing_value("true")
@@ -251,6 +251,29 @@ impl<T: Clone + Send + Sync + 'static> Resolve<T> for Setting<T> {
         text.and_then(|text| (self.parse)(&text))
             .map(|value| (value, origin.clone()))
             .map_err(|err| ConfigError(format!("{origin}: {err}")))
+    }
+}
+
+/// A choice's text as given, with the choices for `--help` to list. clap does not judge the
+/// text: its error would name the flag even when the variable gave the value, so the setting's
+/// own parser does, naming whichever did.
+#[derive(Clone)]
+struct ChoiceText(Vec<PossibleValue>);
+
+impl TypedValueParser for ChoiceText {
+    type Value = String;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<String, clap::Error> {
+        StringValueParser::new().parse_ref(cmd, arg, value)
+    }
+
+    fn possible_values(&self) -> Option<Box<dyn Iterator<Item = PossibleValue> + '_>> {
+        Some(Box::new(self.0.iter().cloned()))
     }
 }
 
