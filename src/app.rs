@@ -158,7 +158,10 @@ impl Plugin {
                     },
                     settings.rescan_interval,
                     failures.clone(),
-                    self.state.reader(),
+                    cdi::Sources {
+                        state: self.state.reader(),
+                        holdings: self.holdings.subscribe(),
+                    },
                     self.spec_still_needed(settings),
                     shutdown.clone(),
                 ),

@@ -109,6 +109,18 @@ impl Inventory {
         self.devices.get(id)
     }
 
+    /// The device each of its names stands for: its ID, its ibdev name and its PCI address,
+    /// whichever a pod was given it under.
+    pub fn by_name(&self) -> BTreeMap<&str, &DeviceRecord> {
+        let mut names = BTreeMap::new();
+        for record in self.devices() {
+            for name in [&record.efa.ibdev, &record.efa.pci_address, &record.efa.id] {
+                names.insert(name.as_str(), record);
+            }
+        }
+        names
+    }
+
     pub fn healthy_count(&self) -> usize {
         self.devices().filter(|d| d.is_healthy()).count()
     }
