@@ -110,13 +110,17 @@ impl Inventory {
     }
 
     /// The device each of its names stands for: its ID, its ibdev name and its PCI address,
-    /// whichever a pod was given it under.
+    /// whichever a pod was given it under. An ID wins over another device's ibdev name (a
+    /// renamed EFA keeps a held ID that sysfs may by now give another EFA): IDs are what the
+    /// kubelet hands out.
     pub fn by_name(&self) -> BTreeMap<&str, &DeviceRecord> {
         let mut names = BTreeMap::new();
         for record in self.devices() {
-            for name in [&record.efa.ibdev, &record.efa.pci_address, &record.efa.id] {
-                names.insert(name.as_str(), record);
-            }
+            names.insert(record.efa.ibdev.as_str(), record);
+            names.insert(record.efa.pci_address.as_str(), record);
+        }
+        for record in self.devices() {
+            names.insert(record.efa.id.as_str(), record);
         }
         names
     }
@@ -715,6 +719,12 @@ mod tests {
             ..Observation::complete(swapped.clone())
         });
         assert_eq!(ids(&next), [("efa_0", "p1"), ("efa_1", "p2")]);
+        let names = next.by_name();
+        assert_eq!(
+            names["efa_0"].efa.pci_address, "p1",
+            "an ID wins over an ibdev name"
+        );
+        assert_eq!(names["efa_1"].efa.pci_address, "p2");
         // A new EFA named as a held, kept name: listed under its PCI address.
         let (next, _) = next.fold(Observation {
             held: held_ids(&["efa_0"]),

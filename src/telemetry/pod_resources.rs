@@ -246,15 +246,12 @@ struct Names<'a>(BTreeMap<&'a str, &'a str>);
 
 impl<'a> Names<'a> {
     fn of(inventory: &'a Inventory) -> Self {
-        let mut names = BTreeMap::new();
-        for record in inventory.devices() {
-            let efa = &record.efa;
-            names.insert(efa.ibdev.as_str(), efa.id.as_str());
-            names.insert(efa.pci_address.as_str(), efa.id.as_str());
-            // A renamed EFA keeps an ID a pod holds, which is then no longer its ibdev name.
-            names.insert(efa.id.as_str(), efa.id.as_str());
-        }
-        Names(names)
+        let names = inventory.by_name().into_iter();
+        Names(
+            names
+                .map(|(name, record)| (name, record.efa.id.as_str()))
+                .collect(),
+        )
     }
 
     /// The advertised device id an ID maps to, if any.
