@@ -81,7 +81,8 @@ impl Plugin {
             settings.rescan_interval,
             self.state.clone(),
         )
-        .with_ids(settings.device_id_strategy);
+        .with_ids(settings.device_id_strategy)
+        .with_holdings(self.holdings.subscribe());
         let mut tasks = Tasks::default();
         // Bound before anything else starts, so a taken port fails the start with one line.
         if let Some(address) = settings.metrics_address {
@@ -157,7 +158,10 @@ impl Plugin {
                     },
                     settings.rescan_interval,
                     failures.clone(),
-                    self.state.reader(),
+                    cdi::Sources {
+                        state: self.state.reader(),
+                        holdings: self.holdings.subscribe(),
+                    },
                     self.spec_still_needed(settings),
                     shutdown.clone(),
                 ),

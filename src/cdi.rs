@@ -10,15 +10,19 @@
 //! The module owns the spec file: one file per resource, `<vendor>-<class>.json` in the spec dir,
 //! rewritten through [`HostFile`] whenever the devices it describes change.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::allocation::sharing::Sharing;
+use crate::allocation::sharing::{self, Sharing};
 use crate::allocation::{self, Allocated, Contributors, Delivery};
+use crate::discovery::Efa;
 use crate::hostfile::{HostFile, KeepOnExit};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
 use crate::state::{DeviceReader, Holdings, Inventory};
@@ -189,19 +193,43 @@ pub(crate) struct SpecSettings {
 
 /// The spec for `inventory`: every device the kubelet is told about, healthy or not (a container
 /// that holds a device that turned unhealthy may still be restarted), once per advertised ID,
-/// each with its uverbs node at the path libibverbs expects. `None` without devices: CDI counts
+/// each with its uverbs node at the path libibverbs expects; and once per foreign ID that a pod
+/// holds (`holdings`), with the edits of the EFA it names. The kubelet restarts a container with
+/// the CDI names it was first given, so after a switch of ID strategy or sharing count a
+/// restarted container needs its old names resolved: they stay for as long as the PodResources
+/// view shows them held, which costs nothing on a node that never switched, where listing every
+/// EFA's other names always would double the largest spec. `None` without devices: CDI counts
 /// a spec with no device as an error, which runtimes would report for every container.
-pub(crate) fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<String> {
-    let devices: Vec<Device> = inventory
+pub(crate) fn render(
+    inventory: &Inventory,
+    settings: &SpecSettings,
+    holdings: &Holdings,
+) -> Option<String> {
+    let device = |name: &str, efa| Device {
+        name: device_name(name),
+        container_edits: settings.contributors.device_edits(efa).into(),
+    };
+    let mut devices: Vec<Device> = inventory
         .devices()
         .flat_map(|record| {
             let efa = &record.efa;
-            settings.sharing.advertised(&efa.id).map(|id| Device {
-                name: device_name(&id),
-                container_edits: settings.contributors.device_edits(efa).into(),
-            })
+            settings
+                .sharing
+                .advertised(&efa.id)
+                .map(move |id| device(&id, efa))
         })
         .collect();
+    let names = inventory.by_name();
+    let foreign: BTreeMap<&str, &Efa> = holdings
+        .foreign
+        .iter()
+        .flat_map(|hold| &hold.ids)
+        .filter_map(|id| {
+            let record = names.get(sharing::device_of(id))?;
+            Some((id.as_str(), &record.efa))
+        })
+        .collect();
+    devices.extend(foreign.into_iter().map(|(id, efa)| device(id, efa)));
     if devices.is_empty() {
         return None;
     }
@@ -222,6 +250,13 @@ pub(crate) fn render(inventory: &Inventory, settings: &SpecSettings) -> Option<S
 /// secret: device node paths, and `allocate.env`, which the plugin's config already shows.
 const SPEC_MODE: u32 = 0o644;
 
+/// What the spec is rendered from: the device snapshot, and the PodResources view for the
+/// foreign IDs pods hold.
+pub(crate) struct Sources {
+    pub state: DeviceReader,
+    pub holdings: watch::Receiver<Arc<Holdings>>,
+}
+
 /// Keeps the spec file in `dir` current until `shutdown`, then removes it; failed writes are
 /// retried, and the file on disk compared with the spec, every `recheck`; failures are counted
 /// in `failures`.
@@ -230,7 +265,7 @@ pub(crate) async fn run(
     settings: SpecSettings,
     recheck: Duration,
     failures: Counter,
-    state: DeviceReader,
+    Sources { state, holdings }: Sources,
     keep_on_exit: KeepOnExit,
     shutdown: CancellationToken,
 ) {
@@ -241,9 +276,14 @@ pub(crate) async fn run(
         mode: SPEC_MODE,
         failures: Some(failures),
         keep_on_exit: Some(keep_on_exit),
+        holdings: Some(holdings),
     };
-    file.follow(state, |inventory| render(inventory, &settings), shutdown)
-        .await
+    file.follow(
+        state,
+        |inventory, holdings| render(inventory, &settings, holdings),
+        shutdown,
+    )
+    .await
 }
 
 /// Why the spec must outlive the plugin, if it must. The kubelet restarts a container of a
@@ -335,7 +375,11 @@ mod tests {
 
     #[test]
     fn p4d_spec_lists_each_node_with_its_sysfs_numbers() {
-        let spec = parse(&render(&inventory(Shape::P4d), &settings(1, &[])));
+        let spec = parse(&render(
+            &inventory(Shape::P4d),
+            &settings(1, &[]),
+            &Holdings::default(),
+        ));
         // ibdev names start with a letter, so the oldest runtimes can read the spec.
         assert_eq!(spec["cdiVersion"], "0.3.0");
         assert_eq!(spec["kind"], "vpc.amazonaws.com/efa");
@@ -364,7 +408,11 @@ mod tests {
 
     #[test]
     fn dynamic_majors_come_from_sysfs() {
-        let spec = parse(&render(&inventory(Shape::Dense256), &settings(1, &[])));
+        let spec = parse(&render(
+            &inventory(Shape::Dense256),
+            &settings(1, &[]),
+            &Holdings::default(),
+        ));
         let devices = spec["devices"].as_array().unwrap();
         assert_eq!(devices.len(), 256);
         let majors: std::collections::BTreeSet<u64> = devices
@@ -383,6 +431,7 @@ mod tests {
         let spec = parse(&render(
             &inventory(Shape::P4d),
             &settings(3, &[("FI_PROVIDER", "efa"), ("A", "x=y,z")]),
+            &Holdings::default(),
         ));
         let names: Vec<&str> = spec["devices"]
             .as_array()
@@ -403,15 +452,22 @@ mod tests {
 
     #[test]
     fn version_is_the_oldest_with_the_features_used() {
-        assert_eq!(render(&Inventory::default(), &settings(1, &[])), None);
+        assert_eq!(
+            render(
+                &Inventory::default(),
+                &settings(1, &[]),
+                &Holdings::default()
+            ),
+            None
+        );
         let mut odd = inventory(Shape::G5).devices().next().unwrap().clone();
         odd.efa.id = "pci/0".into();
         let odd = Inventory::default().observe(vec![odd]).0;
-        let spec = parse(&render(&odd, &settings(1, &[])));
+        let spec = parse(&render(&odd, &settings(1, &[]), &Holdings::default()));
         assert_eq!(spec["devices"][0]["name"], "id-7063692f30");
         assert_eq!(spec["cdiVersion"], "0.3.0");
         let by_pci = simulate::inventory_named(Shape::P4d, DeviceIdStrategy::Pci);
-        let spec = parse(&render(&by_pci, &settings(1, &[])));
+        let spec = parse(&render(&by_pci, &settings(1, &[]), &Holdings::default()));
         assert_eq!(spec["devices"][0]["name"], "0000:10:1b.0");
         assert_eq!(spec["cdiVersion"], "0.5.0", "a name starts with a digit");
         let dotted = SpecSettings {
@@ -419,9 +475,75 @@ mod tests {
             ..settings(1, &[])
         };
         assert_eq!(
-            parse(&render(&inventory(Shape::P4d), &dotted))["cdiVersion"],
+            parse(&render(
+                &inventory(Shape::P4d),
+                &dotted,
+                &Holdings::default()
+            ))["cdiVersion"],
             "0.6.0"
         );
+    }
+
+    /// The device nodes the spec gives the container that asks for `name`.
+    fn nodes_of<'a>(spec: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+        let devices = spec["devices"].as_array().unwrap();
+        let device = devices.iter().find(|d| d["name"] == name);
+        &device.unwrap_or_else(|| panic!("{name} in the spec"))["containerEdits"]["deviceNodes"]
+    }
+
+    #[test]
+    fn after_a_switch_the_names_pods_hold_resolve_to_the_same_nodes_while_held() {
+        use crate::proto::podresources::ListPodResourcesResponse;
+        use crate::telemetry::pod_resources::derive;
+        use crate::testkit::pod_resources_stub::pod;
+        const EFA: &str = "vpc.amazonaws.com/efa";
+        // The node ran ibdev IDs, the second pod's EFA shared 2 ways; it now runs PCI IDs.
+        let by_pci = simulate::inventory_named(Shape::P4d, DeviceIdStrategy::Pci);
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod("ml", "trainer-0", "main", EFA, &["rdmap16s27"]),
+                pod("ml", "trainer-0", "side", EFA, &["rdmap16s27"]),
+                pod("ml", "trainer-1", "main", EFA, &["rdmap32s27::1", "efa_9"]),
+            ],
+        };
+        let holdings = derive(&response, EFA, &by_pci, Sharing::default());
+        let spec = parse(&render(&by_pci, &settings(1, &[]), &holdings));
+        assert_eq!(
+            spec_names(&spec),
+            [
+                "0000:10:1b.0",
+                "0000:20:1b.0",
+                "0000:90:1b.0",
+                "0000:a0:1b.0",
+                "rdmap16s27",
+                "rdmap32s27::1"
+            ],
+            "each held name once; `efa_9` names no EFA here"
+        );
+        assert_eq!(
+            nodes_of(&spec, "rdmap16s27"),
+            nodes_of(&spec, "0000:10:1b.0")
+        );
+        assert_eq!(
+            nodes_of(&spec, "rdmap32s27::1"),
+            nodes_of(&spec, "0000:20:1b.0")
+        );
+        assert_eq!(
+            nodes_of(&spec, "rdmap16s27")[0]["path"],
+            "/dev/infiniband/uverbs0"
+        );
+        // Once no pod holds them, the old names go.
+        let spec = parse(&render(&by_pci, &settings(1, &[]), &Holdings::default()));
+        assert_eq!(spec_names(&spec).len(), 4);
+    }
+
+    fn spec_names(spec: &serde_json::Value) -> Vec<&str> {
+        spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["name"].as_str().unwrap())
+            .collect()
     }
 
     /// A contributor says what it adds per EFA and per container, and nothing of strategies;
@@ -476,7 +598,7 @@ mod tests {
             sharing: Sharing::default(),
             contributors,
         };
-        let spec = parse(&render(&inventory, &settings));
+        let spec = parse(&render(&inventory, &settings, &Holdings::default()));
         assert_eq!(
             spec["containerEdits"],
             serde_json::json!({"env": ["MARKED=yes"]})

@@ -173,12 +173,18 @@ pub(crate) fn scan_guarded(sysfs_root: &Path, ids: DeviceIdStrategy, reads: &Rea
     };
     let devices_dir = fold(&sysfs_root.join("devices"));
     for entry in entries.flatten() {
-        let ibdev = entry.file_name().to_string_lossy().into_owned();
         let dir = entry.path();
         match driver_of(&dir) {
             Some(driver) if driver == EFA_DRIVER => {}
             _ => continue,
         }
+        let ibdev = match usable_name(&entry.file_name()) {
+            Ok(ibdev) => ibdev,
+            Err(problem) => {
+                result.problems.push(problem);
+                continue;
+            }
+        };
         if !reads.begin(&ibdev) {
             result.problems.push(Problem {
                 entry: ibdev,
@@ -209,6 +215,40 @@ pub(crate) fn scan_guarded(sysfs_root: &Path, ids: DeviceIdStrategy, reads: &Rea
         .sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
     result.problems.sort_by(|a, b| a.entry.cmp(&b.entry));
     result
+}
+
+/// The ibdev name as the plugin may use it, or why the entry is refused. The name becomes a
+/// device ID (in the ibdev strategy), a metric label and a key of the PodResources view, so it
+/// must stay what it is: a lossy conversion would give two names that differ only in invalid
+/// bytes one ID, and drop one EFA unseen. The kubelet's device IDs are protobuf strings, which
+/// must be UTF-8; `::` is the separator of a replica number (sharing's), so a name holding it
+/// would be read as another name's replica; and a control character would break the log line
+/// and the label that carry it. The kernel's own names (`rdmap16s27`,
+/// `efa_0`) have none of these: only a rename by hand can.
+/// Sharing's separator, spelled here too: sharing builds on discovery, not the other way.
+const REPLICA_SEPARATOR: &str = "::";
+
+fn usable_name(name: &std::ffi::OsStr) -> Result<String, Problem> {
+    let refuse = |reason: &str| Problem {
+        entry: format!("{name:?}"),
+        reason: reason.to_owned(),
+    };
+    let Some(text) = name.to_str() else {
+        return Err(refuse(
+            "its name is not valid UTF-8, and a device ID must be; rename it (rdma dev set)",
+        ));
+    };
+    if text.contains(REPLICA_SEPARATOR) {
+        return Err(refuse(
+            "its name contains `::`, which starts a replica number in a device ID; rename it (rdma dev set)",
+        ));
+    }
+    if text.chars().any(char::is_control) {
+        return Err(refuse(
+            "its name contains a control character; rename it (rdma dev set)",
+        ));
+    }
+    Ok(text.to_owned())
 }
 
 fn errno_name(err: &io::Error) -> String {
@@ -601,6 +641,54 @@ mod tests {
         let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
         assert_eq!(found.devices.len(), 1);
         assert!(found.problems.is_empty());
+    }
+
+    /// Renames the class entry of `ibdev` to the raw bytes `to`, as `rdma dev set` would.
+    fn rename_entry(node: &FakeNode, ibdev: &str, to: &[u8]) {
+        use std::os::unix::ffi::OsStrExt;
+        let class = node.sysfs.join("class/infiniband");
+        std::fs::rename(
+            class.join(ibdev),
+            class.join(std::ffi::OsStr::from_bytes(to)),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn names_that_differ_only_in_invalid_utf8_are_both_refused_by_name() {
+        let (_dir, node, _) = scan_shape(Shape::P4d);
+        // Lossily converted, both would read `efa\u{fffd}` and be one ID.
+        rename_entry(&node, "rdmap16s27", b"efa\xff");
+        rename_entry(&node, "rdmap32s27", b"efa\xfe");
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
+        let ids: Vec<&str> = found.devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["rdmap144s27", "rdmap160s27"]);
+        let reasons: Vec<String> = found.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(reasons.len(), 2, "{reasons:?}");
+        assert!(reasons[0].starts_with(r#""efa\xFE": "#), "{reasons:?}");
+        assert!(reasons[1].starts_with(r#""efa\xFF": "#), "{reasons:?}");
+        assert!(reasons.iter().all(|r| r.contains("not valid UTF-8")));
+    }
+
+    #[test]
+    fn names_with_a_replica_separator_or_a_control_character_are_refused() {
+        let (_dir, node, _) = scan_shape(Shape::P4d);
+        assert_eq!(REPLICA_SEPARATOR, crate::allocation::sharing::SEPARATOR);
+        rename_entry(&node, "rdmap16s27", b"efa::1");
+        rename_entry(&node, "rdmap32s27", b"efa\n2");
+        for ids in [DeviceIdStrategy::Ibdev, DeviceIdStrategy::Pci] {
+            let found = scan(&node.sysfs, ids);
+            assert_eq!(found.devices.len(), 2, "{ids:?}");
+            let reasons: Vec<String> = found.problems.iter().map(ToString::to_string).collect();
+            assert!(
+                reasons[0].starts_with(r#""efa::1": "#) && reasons[0].contains("`::`"),
+                "{reasons:?}"
+            );
+            assert!(
+                reasons[1].starts_with(r#""efa\n2": "#) && reasons[1].contains("control"),
+                "{reasons:?}"
+            );
+        }
     }
 
     #[test]

@@ -12,13 +12,14 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::discovery::{self, DevNum, DeviceIdStrategy, Efa, ListingError, Problem, Reads};
 use crate::fsread;
 use crate::rescan::Rescans;
-use crate::state::{Change, DeviceRecord, DeviceState, Observation, Verdict};
+use crate::state::{Change, DeviceRecord, DeviceState, Held, Holdings, Observation, Verdict};
 
 /// The health rules, and the dev root whose nodes they judge. Built once by whoever observes the
 /// node, and handed to every pass.
@@ -252,6 +253,8 @@ pub(crate) struct Monitor {
     abandoned: Option<JoinHandle<Observed>>,
     /// Problems already logged, so each is logged once while it lasts.
     known_problems: BTreeSet<String>,
+    /// The PodResources view: which IDs a renamed EFA must keep.
+    holdings: Option<watch::Receiver<Arc<Holdings>>>,
 }
 
 /// Coalesces a burst of node events (an `rm` of several nodes) into one rescan.
@@ -275,7 +278,14 @@ impl Monitor {
             observer: observe_guarded,
             abandoned: None,
             known_problems: BTreeSet::new(),
+            holdings: None,
         }
+    }
+
+    /// Reads which IDs pods hold from `holdings`, so a renamed EFA keeps only a held ID.
+    pub(crate) fn with_holdings(mut self, holdings: watch::Receiver<Arc<Holdings>>) -> Self {
+        self.holdings = Some(holdings);
+        self
     }
 
     /// Names each EFA by `ids` instead of the default strategy.
@@ -319,6 +329,7 @@ impl Monitor {
                     records: Vec::new(),
                     unreadable,
                     complete: false,
+                    held: Held::Unknown,
                 });
                 self.log_once(
                     &why,
@@ -415,8 +426,17 @@ impl Monitor {
             records,
             unreadable,
             complete: true,
+            held: self.held(),
         });
         None
+    }
+
+    /// Which IDs pods hold now; unknown without the PodResources view, so that a renamed EFA
+    /// keeps the ID it had rather than risk the kubelet giving it out twice.
+    fn held(&self) -> Held {
+        self.holdings
+            .as_ref()
+            .map_or(Held::Unknown, |holdings| Held::of(&holdings.borrow()))
     }
 
     fn apply(&self, observation: Observation) {
@@ -460,6 +480,24 @@ fn log_change(change: &Change) {
             was = before.reason.as_deref().unwrap_or(""),
             "device healthy again"
         ),
+        // Under ibdev IDs, a held old name that stays the ID.
+        Change::Renamed { before, after }
+            if after.efa.id == before.id && before.id == before.ibdev =>
+        {
+            tracing::info!(
+                device = %after.efa.id,
+                ibdev = %after.efa.ibdev,
+                was = %before.ibdev,
+                "device renamed; advertised under its old ID while a pod holds it"
+            )
+        }
+        Change::Renamed { before, after } => tracing::info!(
+            device = %after.efa.id,
+            ibdev = %after.efa.ibdev,
+            was = %before.id,
+            health = %after.verdict.health,
+            "device renamed"
+        ),
         Change::Health { after, .. } => tracing::warn!(
             device = %after.efa.id,
             ibdev = %after.efa.ibdev,
@@ -472,6 +510,7 @@ fn log_change(change: &Change) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::Health;
     use crate::testkit::simulate;
 
     /// A p4d whose `HUNG` entry never returns from a read until a writer opens the FIFO
@@ -681,6 +720,126 @@ mod tests {
         node.set_rdma_netns_mode(Some("Y")).unwrap();
         monitor.refresh().await;
         assert!(!state.current().netns_exclusive());
+    }
+
+    fn listed(state: &DeviceState) -> Vec<(String, String, Health)> {
+        state
+            .current()
+            .devices()
+            .map(|d| (d.efa.id.clone(), d.efa.ibdev.clone(), d.verdict.health))
+            .collect()
+    }
+
+    fn holding(ids: &[&str]) -> Holdings {
+        let holder = crate::state::Holder {
+            namespace: "ml".into(),
+            pod: "trainer-0".into(),
+            container: "main".into(),
+        };
+        Holdings {
+            known: true,
+            holders: ids
+                .iter()
+                .map(|id| ((*id).to_owned(), vec![holder.clone()]))
+                .collect(),
+            ..Holdings::default()
+        }
+    }
+
+    /// A Bottlerocket node scanned once, whose EFAs the test renames.
+    struct Renaming {
+        _root: tempfile::TempDir,
+        node: simulate::FakeNode,
+        devices: Vec<simulate::FakeDevice>,
+        state: DeviceState,
+        holdings: watch::Sender<Arc<Holdings>>,
+        monitor: Monitor,
+    }
+
+    impl Renaming {
+        /// With `held` the IDs pods hold.
+        async fn bottlerocket(held: &[&str]) -> Renaming {
+            let root = tempfile::tempdir().unwrap();
+            let (node, devices) = simulate::FakeNode::build(
+                root.path(),
+                simulate::Shape::Bottlerocket,
+                simulate::Nodes::Files,
+            )
+            .unwrap();
+            let state = DeviceState::default();
+            let (holdings, view) = watch::channel(Arc::new(holding(held)));
+            let mut monitor = Monitor::new(
+                node.sysfs.clone(),
+                node.judge(),
+                Duration::from_secs(5),
+                state.clone(),
+            )
+            .with_holdings(view);
+            monitor.refresh().await;
+            Renaming {
+                _root: root,
+                node,
+                devices,
+                state,
+                holdings,
+                monitor,
+            }
+        }
+
+        /// Renames the `index`th EFA to `to`, and rescans.
+        async fn rename(&mut self, index: usize, to: &str) {
+            self.node.rename(&self.devices[index], to).unwrap();
+            self.monitor.refresh().await;
+        }
+    }
+
+    /// udev names an EFA `efa_N` when the driver registers it and renames it a moment later; a
+    /// scan in between saw the first name. No pod can hold it yet: it makes way at once.
+    #[tokio::test]
+    async fn a_udev_rename_nobody_holds_lists_the_efa_once_under_its_new_name() {
+        let mut at = Renaming::bottlerocket(&[]).await;
+        assert_eq!(at.state.current().devices().len(), 4);
+
+        at.rename(0, "rdmap16s27").await;
+        let healthy = Health::Healthy;
+        assert_eq!(
+            listed(&at.state),
+            [
+                ("efa_1".into(), "efa_1".into(), healthy),
+                ("efa_2".into(), "efa_2".into(), healthy),
+                ("efa_3".into(), "efa_3".into(), healthy),
+                ("rdmap16s27".into(), "rdmap16s27".into(), healthy),
+            ]
+        );
+    }
+
+    /// `rdma dev set` while a pod holds the EFA: the kubelet keeps the old ID allocated, so the
+    /// EFA stays listed under it alone until no pod holds it; the new name is never listed
+    /// beside it, where the kubelet would count it free and give the EFA to a second pod.
+    #[tokio::test]
+    async fn a_renamed_efa_that_a_pod_holds_keeps_its_id_until_released() {
+        let mut at = Renaming::bottlerocket(&["efa_1"]).await;
+        at.rename(1, "rdmap32s27").await;
+        let state = at.state.clone();
+        let ids = |state: &DeviceState| -> Vec<String> {
+            listed(state).into_iter().map(|(id, _, _)| id).collect()
+        };
+        assert_eq!(ids(&state), ["efa_0", "efa_1", "efa_2", "efa_3"]);
+        let current = state.current();
+        let held = current.get("efa_1").unwrap();
+        assert!(held.is_healthy(), "{held:?}");
+        assert_eq!(held.efa.ibdev, "rdmap32s27", "read through its new entry");
+        assert_eq!(held.efa.uverbs, "uverbs1");
+
+        // Unknown holders are treated as holding it.
+        at.holdings.send_replace(Arc::new(Holdings::default()));
+        at.monitor.refresh().await;
+        assert_eq!(ids(&state), ["efa_0", "efa_1", "efa_2", "efa_3"]);
+
+        at.holdings.send_replace(Arc::new(holding(&[])));
+        at.monitor.refresh().await;
+        assert_eq!(ids(&state), ["efa_0", "efa_2", "efa_3", "rdmap32s27"]);
+        assert_eq!(state.current().healthy_count(), 4);
     }
 
     #[test]

@@ -12,12 +12,14 @@ use std::io::{self, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::state::{DeviceReader, Inventory};
+use crate::state::{DeviceReader, Holdings, Inventory};
 
 /// One file that mirrors the snapshot.
 pub(crate) struct HostFile {
@@ -33,6 +35,9 @@ pub(crate) struct HostFile {
     pub failures: Option<Counter>,
     /// Asked on exit: a reason to leave the file in place instead of removing it.
     pub keep_on_exit: Option<KeepOnExit>,
+    /// The PodResources view, for a file that also names what pods hold: rendered again when
+    /// it changes. Without it, renders see an empty view.
+    pub holdings: Option<watch::Receiver<Arc<Holdings>>>,
 }
 
 /// Asked once on exit, after the last write: why the file must outlive the plugin, if it must.
@@ -81,10 +86,11 @@ impl HostFile {
     pub(crate) async fn follow(
         mut self,
         state: DeviceReader,
-        render: impl Fn(&Inventory) -> Option<String>,
+        render: impl Fn(&Inventory, &Holdings) -> Option<String>,
         shutdown: CancellationToken,
     ) {
         let mut devices = state.subscribe();
+        let mut holdings = self.holdings.take();
         let mut written: Option<Written> = None;
         // The kind of error of the failing streak: the message names a random temp file, so
         // comparing messages would log every retry.
@@ -92,7 +98,11 @@ impl HostFile {
         // Whether the last recheck found the file changed, so a streak of tampering logs once.
         let mut tampered = false;
         'follow: loop {
-            let wanted = render(&devices.borrow_and_update());
+            let view = holdings
+                .as_mut()
+                .map(|view| view.borrow_and_update().clone())
+                .unwrap_or_default();
+            let wanted = render(&devices.borrow_and_update(), &view);
             if wanted.is_none() && written.take().is_some() {
                 self.remove();
             }
@@ -135,6 +145,12 @@ impl HostFile {
                         Ok(()) => break,
                         Err(_) => break 'follow,
                     },
+                    alive = view_changed(&mut holdings) => {
+                        if !alive {
+                            holdings = None;
+                        }
+                        break;
+                    }
                     _ = pause(recheck) => {}
                 }
                 if failing.is_some() {
@@ -183,6 +199,14 @@ impl HostFile {
             ),
             _ => {}
         }
+    }
+}
+
+/// Waits for the view to change; false once its writer is gone. Forever without a view.
+async fn view_changed(view: &mut Option<watch::Receiver<Arc<Holdings>>>) -> bool {
+    match view {
+        Some(view) => view.changed().await.is_ok(),
+        None => std::future::pending().await,
     }
 }
 
@@ -246,13 +270,14 @@ mod tests {
             mode: 0o644,
             failures: Some(failures.clone()),
             keep_on_exit: None,
+            holdings: None,
         };
         let state = DeviceState::default();
         state.apply(inventory(Shape::P4d).devices().cloned().collect());
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(file.follow(
             state.reader(),
-            |inventory| Some(inventory.devices().len().to_string()),
+            |inventory, _| Some(inventory.devices().len().to_string()),
             shutdown.clone(),
         ));
         wait_until("two failed attempts", || failures.get() >= 2).await;

@@ -61,8 +61,9 @@ pub(crate) async fn run(
         mode: 0o644,
         failures: None,
         keep_on_exit: None,
+        holdings: None,
     };
-    file.follow(state, |inventory| Some(render(inventory)), shutdown)
+    file.follow(state, |inventory, _| Some(render(inventory)), shutdown)
         .await
 }
 

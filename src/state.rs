@@ -67,7 +67,8 @@ impl DeviceRecord {
     }
 }
 
-/// Every device ever seen, keyed by id (the PCI address).
+/// Every device ever seen, keyed by the ID it is advertised under. A device is one PCI
+/// function: its ID may change (an ibdev rename), its PCI address does not.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Inventory {
     /// What the kubelet is told: `observed`, overridden by `conflict`.
@@ -88,6 +89,12 @@ pub enum Change {
         before: Verdict,
         after: DeviceRecord,
     },
+    /// The PCI function got another ibdev name; `after` is listed under the ID it now has,
+    /// which is still `before`'s while a pod holds that.
+    Renamed {
+        before: Efa,
+        after: DeviceRecord,
+    },
 }
 
 /// Why a device that is no longer in the scan is still listed.
@@ -100,6 +107,22 @@ impl Inventory {
 
     pub fn get(&self, id: &str) -> Option<&DeviceRecord> {
         self.devices.get(id)
+    }
+
+    /// The device each of its names stands for: its ID, its ibdev name and its PCI address,
+    /// whichever a pod was given it under. An ID wins over another device's ibdev name (a
+    /// renamed EFA keeps a held ID that sysfs may by now give another EFA): IDs are what the
+    /// kubelet hands out.
+    pub fn by_name(&self) -> BTreeMap<&str, &DeviceRecord> {
+        let mut names = BTreeMap::new();
+        for record in self.devices() {
+            names.insert(record.efa.ibdev.as_str(), record);
+            names.insert(record.efa.pci_address.as_str(), record);
+        }
+        for record in self.devices() {
+            names.insert(record.efa.id.as_str(), record);
+        }
+        names
     }
 
     pub fn healthy_count(&self) -> usize {
@@ -148,17 +171,41 @@ impl Inventory {
     /// it in capacity and a pod holding it is not silently orphaned: with the reason its entry
     /// could not be read, if that is why, or as vanished. A pass that did not reach a device
     /// leaves it as it was.
+    ///
+    /// A device is matched by its PCI address, so a renamed EFA is one device under a new name,
+    /// not one vanishing and another appearing. The kubelet keeps an ID that a pod holds
+    /// allocated whether or not it is still listed, and counts a listed one it has not handed
+    /// out as free: advertising the new name beside a held old one would give the EFA to a
+    /// second pod, and dropping the held one would leave its holder's checkpoint naming an ID
+    /// that no longer exists. So a held old name stays the device's ID, until no pod holds it
+    /// (`observation.held`); a name no pod holds makes way at once.
     pub fn fold(&self, observation: Observation) -> (Inventory, Vec<Change>) {
         let Observation {
             records: observed,
             unreadable,
             complete,
+            held,
         } = observation;
+        let by_pci: BTreeMap<&str, &DeviceRecord> = self
+            .observed
+            .values()
+            .map(|record| (record.efa.pci_address.as_str(), record))
+            .collect();
+        let named = name_devices(observed, &by_pci, &held);
         let mut next = BTreeMap::new();
         let mut changes = Vec::new();
-        for record in observed {
-            match self.observed.get(&record.efa.id) {
+        let mut seen_pci = std::collections::BTreeSet::new();
+        for record in named {
+            let known = by_pci.get(record.efa.pci_address.as_str()).copied();
+            seen_pci.insert(record.efa.pci_address.clone());
+            match known {
                 None => changes.push(Change::Added(record.clone())),
+                Some(old) if old.efa.id != record.efa.id || old.efa.ibdev != record.efa.ibdev => {
+                    changes.push(Change::Renamed {
+                        before: old.efa.clone(),
+                        after: record.clone(),
+                    })
+                }
                 Some(old) if old.verdict.health != record.verdict.health => {
                     changes.push(Change::Health {
                         before: old.verdict.clone(),
@@ -170,7 +217,8 @@ impl Inventory {
             next.insert(record.efa.id.clone(), record);
         }
         for (id, old) in &self.observed {
-            if next.contains_key(id) {
+            // Found under a name of its own, or its ID now names another device.
+            if seen_pci.contains(&old.efa.pci_address) || next.contains_key(id) {
                 continue;
             }
             let verdict = match unreadable.get(&old.efa.ibdev) {
@@ -198,6 +246,74 @@ impl Inventory {
     }
 }
 
+/// The ID each observed device is listed under, one device per ID. A renamed device whose old ID
+/// a pod holds keeps it; every other device takes the name the scan found, unless a device kept
+/// that name, then its own earlier ID, then its PCI address (an ID no ibdev name collides with,
+/// as names with `:` are not made by the kernel): a device whose name moved keeps being served.
+fn name_devices(
+    observed: Vec<DeviceRecord>,
+    by_pci: &BTreeMap<&str, &DeviceRecord>,
+    held: &Held,
+) -> Vec<DeviceRecord> {
+    let earlier = |record: &DeviceRecord| {
+        by_pci
+            .get(record.efa.pci_address.as_str())
+            .map(|old| old.efa.id.clone())
+    };
+    let kept = |record: &DeviceRecord| {
+        earlier(record).filter(|old| *old != record.efa.id && held.holds(old))
+    };
+    let mut taken: std::collections::BTreeSet<String> = observed.iter().filter_map(kept).collect();
+    let mut named = Vec::with_capacity(observed.len());
+    for mut record in observed {
+        let id = match kept(&record) {
+            Some(old) => Some(old),
+            None => [
+                Some(record.efa.id.clone()),
+                earlier(&record),
+                Some(record.efa.pci_address.clone()),
+            ]
+            .into_iter()
+            .flatten()
+            .find(|id| taken.insert(id.clone())),
+        };
+        // Only a device whose name, earlier ID and PCI address are all taken is left out: two
+        // entries of one PCI function, which the kernel never makes.
+        if let Some(id) = id {
+            record.efa.id = id;
+            named.push(record);
+        }
+    }
+    named
+}
+
+/// Which advertised IDs pods hold, as the kubelet's PodResources view last said.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Held {
+    /// The view is not known: any ID may be held.
+    #[default]
+    Unknown,
+    Ids(std::collections::BTreeSet<String>),
+}
+
+impl Held {
+    /// What `holdings` says is held.
+    pub fn of(holdings: &Holdings) -> Held {
+        if holdings.known {
+            Held::Ids(holdings.holders.keys().cloned().collect())
+        } else {
+            Held::Unknown
+        }
+    }
+
+    fn holds(&self, id: &str) -> bool {
+        match self {
+            Held::Unknown => true,
+            Held::Ids(ids) => ids.contains(id),
+        }
+    }
+}
+
 /// What one pass of the health monitor saw.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observation {
@@ -206,6 +322,8 @@ pub struct Observation {
     pub unreadable: BTreeMap<String, String>,
     /// Whether the pass got through every entry; devices it did not reach keep their verdict.
     pub complete: bool,
+    /// Which IDs pods hold: a renamed device keeps a held ID.
+    pub held: Held,
 }
 
 impl Observation {
@@ -214,6 +332,7 @@ impl Observation {
             records,
             unreadable: BTreeMap::new(),
             complete: true,
+            held: Held::Unknown,
         }
     }
 }
@@ -520,6 +639,7 @@ mod tests {
             records: vec![record("a", Verdict::healthy())],
             unreadable: BTreeMap::from([("ib-b".to_owned(), "dev: a FIFO".to_owned())]),
             complete: false,
+            held: Held::Unknown,
         });
         assert_eq!(changes.len(), 1);
         let current = state.current();
@@ -535,11 +655,90 @@ mod tests {
             records: vec![record("a", Verdict::healthy())],
             unreadable: BTreeMap::new(),
             complete: true,
+            held: Held::Unknown,
         });
         assert_eq!(
             state.current().get("c").unwrap().verdict,
             Verdict::unhealthy(VANISHED)
         );
+    }
+
+    /// A device at PCI address `pci` named `name`, under ibdev IDs.
+    fn named(pci: &str, name: &str) -> DeviceRecord {
+        let mut device = record(name, Verdict::healthy());
+        device.efa.pci_address = pci.into();
+        device.efa.ibdev = name.into();
+        device
+    }
+
+    fn ids(inventory: &Inventory) -> Vec<(&str, &str)> {
+        inventory
+            .devices()
+            .map(|d| (d.efa.id.as_str(), d.efa.pci_address.as_str()))
+            .collect()
+    }
+
+    fn held_ids(ids: &[&str]) -> Held {
+        Held::Ids(ids.iter().map(|id| (*id).to_owned()).collect())
+    }
+
+    #[test]
+    fn a_device_is_its_pci_function_whatever_its_name() {
+        let (start, _) =
+            Inventory::default().observe(vec![named("p1", "efa_0"), named("p2", "efa_1")]);
+        let observe = |held: Held| {
+            start.fold(Observation {
+                held,
+                ..Observation::complete(vec![named("p1", "rdmap16s27"), named("p2", "efa_1")])
+            })
+        };
+        let (next, changes) = observe(held_ids(&[]));
+        assert_eq!(ids(&next), [("efa_1", "p2"), ("rdmap16s27", "p1")]);
+        let [Change::Renamed { before, after }] = changes.as_slice() else {
+            panic!("{changes:?}");
+        };
+        assert_eq!(
+            (before.id.as_str(), after.efa.id.as_str()),
+            ("efa_0", "rdmap16s27")
+        );
+        for held in [held_ids(&["efa_0"]), Held::Unknown] {
+            let (next, _) = observe(held);
+            assert_eq!(ids(&next), [("efa_0", "p1"), ("efa_1", "p2")]);
+            assert_eq!(next.get("efa_0").unwrap().efa.ibdev, "rdmap16s27");
+        }
+    }
+
+    #[test]
+    fn a_name_kept_for_its_holder_is_never_given_to_a_second_device() {
+        // Two EFAs swap names while a pod holds `efa_0`.
+        let (start, _) =
+            Inventory::default().observe(vec![named("p1", "efa_0"), named("p2", "efa_1")]);
+        let swapped = vec![named("p1", "efa_1"), named("p2", "efa_0")];
+        let (next, _) = start.fold(Observation {
+            held: held_ids(&["efa_0"]),
+            ..Observation::complete(swapped.clone())
+        });
+        assert_eq!(ids(&next), [("efa_0", "p1"), ("efa_1", "p2")]);
+        let names = next.by_name();
+        assert_eq!(
+            names["efa_0"].efa.pci_address, "p1",
+            "an ID wins over an ibdev name"
+        );
+        assert_eq!(names["efa_1"].efa.pci_address, "p2");
+        // A new EFA named as a held, kept name: listed under its PCI address.
+        let (next, _) = next.fold(Observation {
+            held: held_ids(&["efa_0"]),
+            ..Observation::complete(vec![named("p1", "efa_1"), named("p3", "efa_0")])
+        });
+        assert_eq!(next.devices().len(), 3, "{:?}", ids(&next));
+        assert_eq!(next.get("efa_0").unwrap().efa.pci_address, "p1");
+        assert_eq!(next.get("p3").unwrap().efa.ibdev, "efa_0");
+        // Released: every device under the name it has.
+        let (next, _) = start.fold(Observation {
+            held: held_ids(&[]),
+            ..Observation::complete(swapped)
+        });
+        assert_eq!(ids(&next), [("efa_0", "p2"), ("efa_1", "p1")]);
     }
 
     fn held(pairs: &[(&str, &str, &str)]) -> Holdings {

@@ -241,6 +241,53 @@ async fn spec_follows_the_devices_and_outlives_a_plugin_that_cannot_tell_who_nee
     assert!(h.plugin_log().contains("keeping the CDI spec"));
 }
 
+/// A node switched from ibdev to PCI IDs while a pod held `rdmap16s27`: the restarted plugin's
+/// spec still resolves that name, to the same node, so the pod's container can restart; once
+/// the pod is gone, the name goes too.
+#[tokio::test]
+async fn the_spec_keeps_the_names_pods_hold_across_an_id_strategy_switch() {
+    let mut h = Harness::new(Shape::P4d);
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let holder = pod("ml", "trainer-0", "main", RESOURCE, &["rdmap16s27"]);
+    let kubelet = PodResourcesStub::start(&socket, vec![holder]).unwrap();
+    let dir = spec_dir(&h).display().to_string();
+    h.spawn_plugin(&[
+        "--device-list-strategy",
+        "cdi",
+        "--cdi-spec-dir",
+        &dir,
+        "--device-id-strategy",
+        "pci",
+        "--rescan-interval",
+        "200ms",
+    ]);
+    h.registered().await;
+    eventually("the held name in the spec", || {
+        read_spec(&h).is_some_and(|spec| spec_names(&spec).contains(&"rdmap16s27".to_owned()))
+    })
+    .await;
+    let spec = read_spec(&h).unwrap();
+    let nodes = |name: &str| {
+        spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .map(|d| d["containerEdits"]["deviceNodes"].clone())
+    };
+    assert_eq!(spec_names(&spec).len(), 5, "{:?}", spec_names(&spec));
+    assert_eq!(nodes("rdmap16s27"), nodes("0000:10:1b.0"));
+    assert!(nodes("rdmap16s27").is_some());
+
+    // The pod ends: the kubelet lists no holder.
+    drop(kubelet);
+    let _kubelet = PodResourcesStub::start(&socket, Vec::new()).unwrap();
+    eventually("the released name gone", || {
+        read_spec(&h).is_some_and(|spec| spec_names(&spec).len() == 4)
+    })
+    .await;
+}
+
 /// Stops a cdi-mode plugin whose kubelet says `holders` hold EFAs, and tells whether the spec
 /// is left behind.
 async fn spec_left_after_sigterm(holders: Vec<PodResources>) -> bool {

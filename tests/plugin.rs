@@ -6,6 +6,7 @@ mod support;
 use std::time::Duration;
 
 use efa_device_plugin::proto::deviceplugin::{HEALTHY, UNHEALTHY};
+use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::{Nodes, Shape, make_char_device};
 use support::{Harness, fds_and_tasks, node_kind};
 use tonic::Code;
@@ -33,6 +34,49 @@ async fn registers_and_lists_p4d_with_numa() {
     assert_eq!(view.numa_of("rdmap144s27"), Some(1));
     assert_eq!(view.numa_of("rdmap160s27"), Some(1));
     assert_eq!(view.register_calls, 1);
+}
+
+/// Renames as the kubelet sees them: udev's of an EFA nobody holds, and `rdma dev set` of one a
+/// pod holds. Each EFA is listed once, under one ID, and a held ID stays until it is released.
+#[tokio::test]
+async fn a_renamed_efa_is_listed_once_and_keeps_an_id_a_pod_holds() {
+    let mut h = Harness::new(Shape::Bottlerocket);
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let holder = pod(
+        "ml",
+        "trainer-0",
+        "main",
+        "vpc.amazonaws.com/efa",
+        &["efa_1"],
+    );
+    let kubelet = PodResourcesStub::start(&socket, vec![holder]).unwrap();
+    h.spawn_plugin(&["--rescan-interval", "200ms"]);
+    h.registered().await;
+    let efas: Vec<_> = h.efas().into_iter().cloned().collect();
+    h.node.rename(&efas[0], "rdmap16s27").unwrap();
+    h.node.rename(&efas[1], "rdmap32s27").unwrap();
+    let sorted = |v: &efa_device_plugin::testkit::kubelet_stub::KubeletView| {
+        let mut ids = ids(v);
+        ids.sort();
+        ids
+    };
+    h.wait("efa_0 under its new name, efa_1 kept", |v| {
+        sorted(v) == ["efa_1", "efa_2", "efa_3", "rdmap16s27"] && v.healthy() == 4
+    })
+    .await;
+    // Several rescans later, still one ID for the held EFA.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let view = h.kubelet.view().borrow().clone();
+    assert_eq!(sorted(&view), ["efa_1", "efa_2", "efa_3", "rdmap16s27"]);
+    assert_eq!(view.healthy(), 4);
+
+    // The pod ends.
+    drop(kubelet);
+    let _kubelet = PodResourcesStub::start(&socket, Vec::new()).unwrap();
+    h.wait("efa_1 under its new name", |v| {
+        sorted(v) == ["efa_2", "efa_3", "rdmap16s27", "rdmap32s27"] && v.healthy() == 4
+    })
+    .await;
 }
 
 #[tokio::test]

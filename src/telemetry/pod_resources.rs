@@ -246,13 +246,12 @@ struct Names<'a>(BTreeMap<&'a str, &'a str>);
 
 impl<'a> Names<'a> {
     fn of(inventory: &'a Inventory) -> Self {
-        let mut names = BTreeMap::new();
-        for record in inventory.devices() {
-            let efa = &record.efa;
-            names.insert(efa.ibdev.as_str(), efa.id.as_str());
-            names.insert(efa.pci_address.as_str(), efa.id.as_str());
-        }
-        Names(names)
+        let names = inventory.by_name().into_iter();
+        Names(
+            names
+                .map(|(name, record)| (name, record.efa.id.as_str()))
+                .collect(),
+        )
     }
 
     /// The advertised device id an ID maps to, if any.
@@ -330,6 +329,23 @@ mod tests {
             [holder("other"), holder("sidecar")]
         );
         assert!(holdings.foreign.is_empty() && holdings.foreign_devices.is_empty());
+    }
+
+    #[test]
+    fn a_renamed_efa_is_held_under_the_old_id_it_keeps() {
+        let inventory = inventory_named(Shape::P4d, DeviceIdStrategy::Ibdev);
+        let mut renamed: Vec<_> = inventory.devices().cloned().collect();
+        renamed[0].efa.id = "efa_0".into();
+        renamed[0].efa.ibdev = "efa_0".into();
+        // Held, so the EFA stays `rdmap144s27` although sysfs now calls it `efa_0`.
+        let (inventory, _) = inventory.observe(renamed);
+        assert_eq!(inventory.get("rdmap144s27").unwrap().efa.ibdev, "efa_0");
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![pod("ml", "trainer-0", "main", EFA, &["rdmap144s27"])],
+        };
+        let holdings = derive(&response, EFA, &inventory, Sharing::default());
+        assert_eq!(holdings.holders["rdmap144s27"], [holder("trainer-0")]);
+        assert!(holdings.foreign.is_empty(), "{holdings:?}");
     }
 
     #[test]

@@ -632,6 +632,31 @@ impl FakeNode {
         self.remove_node(device)
     }
 
+    /// Gives the device the ibdev name `to`, as udev does right after the driver registers it
+    /// and `rdma dev set` does later: same PCI function and uverbs node, another class entry.
+    pub fn rename(&self, device: &FakeDevice, to: &str) -> io::Result<FakeDevice> {
+        let renamed = FakeDevice {
+            ibdev: to.to_owned(),
+            ..device.clone()
+        };
+        let function = self.function_dir(device);
+        fs::rename(
+            function.join("infiniband").join(&device.ibdev),
+            function.join("infiniband").join(to),
+        )?;
+        let class = self.sysfs.join("class/infiniband");
+        fs::remove_file(class.join(&device.ibdev))?;
+        link(&function.join("infiniband").join(to), &class.join(to))?;
+        write(
+            &function
+                .join("infiniband_verbs")
+                .join(device.uverbs_name())
+                .join("ibdev"),
+            to,
+        )?;
+        Ok(renamed)
+    }
+
     /// Binds the PCI function to its driver: `driver` link and the driver's back link.
     pub fn bind(&self, device: &FakeDevice) -> io::Result<()> {
         let function = self.function_dir(device);
