@@ -22,14 +22,12 @@ use crate::allocation::Allocator;
 use crate::backoff::Backoff;
 use crate::fswatch::DirWatch;
 use crate::proto::deviceplugin::{
-    KUBELET_SOCKET, RegisterRequest, VERSION, registration_client::RegistrationClient,
+    KUBELET_SOCKET, PLUGIN_SOCKET, RegisterRequest, VERSION,
+    registration_client::RegistrationClient,
 };
 use crate::service::{PluginService, StreamHooks};
 use crate::state::{DeviceReader, PluginStatus};
 use crate::uds::{self, FileIdentity};
-
-/// File name of the plugin's socket inside the device-plugin dir.
-pub(crate) const PLUGIN_SOCKET: &str = "efa-device-plugin.sock";
 
 /// A kubelet that accepted the connection but hangs in Register is retried after this long.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
