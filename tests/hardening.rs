@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use efa_device_plugin::proto::deviceplugin::{HEALTHY, UNHEALTHY};
+use efa_device_plugin::testkit::frozen::FrozenSocket;
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
 use support::{Harness, eventually, fds_and_tasks, sample};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -547,4 +548,60 @@ async fn sighup_stops_the_plugin_like_sigterm_with_its_clean_up() {
     assert!(!h.plugin_socket().exists(), "socket left behind");
     assert!(!nfd.exists(), "NFD file left behind");
     assert!(h.plugin_log().contains("stopping on signal"));
+}
+
+/// Threads of `pid` blocked connecting to a Unix socket whose backlog is full; 0 where the
+/// kernel does not tell.
+fn threads_in_connect(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter(|task| {
+                    std::fs::read_to_string(task.path().join("wchan"))
+                        .is_ok_and(|wchan| wchan == "unix_wait_for_peer")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_frozen_competitor_costs_no_thread_per_pass_and_the_plugin_keeps_serving() {
+    let mut h = Harness::new(Shape::P4d);
+    // The AWS plugin's socket, listening but never accepting.
+    let _frozen = FrozenSocket::bind(&h.plugin_dir.join("aws-efa-device-plugin.sock")).unwrap();
+    let pid = h.spawn_plugin(&[]);
+    h.registered().await;
+    let (_, before) = fds_and_tasks(pid);
+
+    // A pass every 200 ms, and one on each change in the dir.
+    let churn = h.plugin_dir.join("churn");
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        std::fs::write(&churn, "").unwrap();
+        std::fs::remove_file(&churn).unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, after) = fds_and_tasks(pid);
+    let stuck = threads_in_connect(pid);
+    eprintln!("threads: {before} before, {after} after 8 s of passes; {stuck} in connect");
+    assert_eq!(stuck, 0, "threads hang in connect");
+    // Blocking-pool threads that idle come and go; one left per pass would be 4 or more.
+    assert!(
+        after <= before + 2,
+        "{before} threads before, {after} after"
+    );
+
+    assert_eq!(h.get("/healthz").await.0, 200);
+    let efa = h.efas()[0].clone();
+    h.node.remove_node(&efa).unwrap();
+    let id = efa.ibdev.clone();
+    h.wait("the removed node reported", |v| {
+        v.health_of(&id) == Some(UNHEALTHY)
+    })
+    .await;
+    let (status, took) = h.terminate_plugin();
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(2), "SIGTERM took {took:?}");
 }
