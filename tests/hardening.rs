@@ -605,3 +605,42 @@ async fn a_frozen_competitor_costs_no_thread_per_pass_and_the_plugin_keeps_servi
     assert!(status.success(), "{status:?}");
     assert!(took < Duration::from_secs(2), "SIGTERM took {took:?}");
 }
+
+#[tokio::test]
+async fn a_plugins_registry_that_cannot_be_listed_keeps_the_devices_withheld() {
+    let mut h = Harness::new(Shape::P4d);
+    let registry = h.root.path().join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let socket = registry.join("dra.net-reg.sock");
+    let dranet = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    h.spawn_plugin(&[]);
+    h.wait("every device withheld", |v| {
+        v.stream_open && v.devices.len() == 4 && v.healthy() == 0
+    })
+    .await;
+
+    let aside = h.root.path().join("plugins_registry.aside");
+    std::fs::rename(&registry, &aside).unwrap();
+    // Not a directory: ENOTDIR, no evidence that the driver went.
+    std::fs::write(&registry, "").unwrap();
+    // Five passes at the harness's 200 ms.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let healthy = h.kubelet.view().borrow().healthy();
+    assert_eq!(
+        healthy, 0,
+        "{healthy} EFAs turned Healthy: the guard failed open"
+    );
+    let log = h.plugin_log();
+    assert_eq!(
+        log.matches("cannot list the plugins_registry dir").count(),
+        1,
+        "logged once while it lasts\n{log}"
+    );
+
+    std::fs::remove_file(&registry).unwrap();
+    std::fs::rename(&aside, &registry).unwrap();
+    drop(dranet);
+    std::fs::remove_file(&socket).unwrap();
+    h.wait("devices back", |v| v.healthy() == 4).await;
+    assert!(h.plugin_log().contains("can be listed again"));
+}
