@@ -6,20 +6,22 @@
 //! (kubernetes#121994). Two plugins that both register again whenever their stream ends would
 //! take the resource from each other. So while a listed socket in the device-plugin dir accepts
 //! connections, its plugin is reported and this one does not take the resource back; a stale
-//! socket file that refuses connections is no competitor.
+//! socket file that refuses connections is no competitor. A frozen plugin, listening but no
+//! longer accepting, proves neither: the last verdict stands.
 
-use std::os::unix::fs::FileTypeExt;
+use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::rescan::Rescans;
 use crate::state::PluginStatus;
 
-/// A connect to a live plugin's socket completes at once; one that does not is no answer.
+/// A connect to a Unix socket completes or fails at once; this bounds one that would not.
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
 
 pub(crate) struct Watch {
@@ -30,31 +32,47 @@ pub(crate) struct Watch {
     pub status: Arc<watch::Sender<PluginStatus>>,
 }
 
-/// The first of `sockets` in `dir` that is a socket accepting connections.
-pub(crate) fn find(dir: &Path, sockets: &[String]) -> Option<String> {
-    sockets
-        .iter()
-        .find(|name| {
-            let path = dir.join(name);
-            std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_socket())
-                && std::os::unix::net::UnixStream::connect(&path).is_ok()
-        })
-        .cloned()
+/// A listed socket that neither accepts nor refuses: one listening whose backlog is full, as a
+/// frozen plugin's is once it stops accepting.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Undecided(String);
+
+/// The first of `sockets` in `dir` that accepts connections, `None` if each is absent or
+/// refuses (a stale socket file, or no socket at all), or [`Undecided`] if none accepts and one
+/// is listening with a full backlog.
+///
+/// Each connect is non-blocking, on the runtime thread: a blocking one hangs on a full backlog,
+/// and a thread abandoned to it per pass would fill the blocking pool that the rest of the
+/// plugin needs. So no pass leaves anything behind, and one pass is in flight at a time.
+pub(crate) async fn find(dir: &Path, sockets: &[String]) -> Result<Option<String>, Undecided> {
+    let mut undecided = None;
+    for name in sockets {
+        match tokio::time::timeout(PROBE_DEADLINE, UnixStream::connect(dir.join(name))).await {
+            Ok(Ok(_)) => return Ok(Some(name.clone())),
+            // EAGAIN: Linux refuses a non-blocking connect at once when the backlog is full.
+            Ok(Err(err)) if err.kind() == ErrorKind::WouldBlock => {
+                undecided.get_or_insert_with(|| name.clone());
+            }
+            Err(_) => {
+                undecided.get_or_insert_with(|| name.clone());
+            }
+            // Absent, not a socket (refused), or a socket nobody listens on.
+            Ok(Err(_)) => {}
+        }
+    }
+    undecided.map_or(Ok(None), |name| Err(Undecided(name)))
 }
 
 impl Watch {
     /// Looks once and records the outcome in the status; logs when a competitor appears or goes.
     pub(crate) async fn refresh(&self) {
-        let (dir, sockets) = (self.dir.clone(), self.sockets.clone());
-        let probe = tokio::task::spawn_blocking(move || find(&dir, &sockets));
-        let found = match tokio::time::timeout(PROBE_DEADLINE, probe).await {
-            Ok(Ok(found)) => found,
-            // A panic, or a socket whose connect hangs: the last verdict stands.
-            Ok(Err(err)) => {
-                tracing::error!(error = %err, "looking for competing plugins failed");
+        let found = match find(&self.dir, &self.sockets).await {
+            Ok(found) => found,
+            // Neither alive nor gone: the last verdict stands.
+            Err(Undecided(socket)) => {
+                tracing::debug!(socket, "a competing plugin's socket accepts no connections");
                 return;
             }
-            Err(_) => return,
         };
         let before = self.status.borrow().competitor.clone();
         if before == found {
@@ -90,21 +108,62 @@ impl Watch {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::frozen::FrozenSocket;
 
-    #[test]
-    fn only_a_listed_socket_that_accepts_counts() {
+    #[tokio::test]
+    async fn only_a_listed_socket_that_accepts_counts() {
         let dir = tempfile::tempdir().unwrap();
         let names = ["aws-efa-device-plugin.sock".to_owned()];
         let path = dir.path().join(&names[0]);
-        assert_eq!(find(dir.path(), &names), None, "absent");
+        assert_eq!(find(dir.path(), &names).await, Ok(None), "absent");
         std::fs::write(&path, "").unwrap();
-        assert_eq!(find(dir.path(), &names), None, "a regular file");
+        assert_eq!(find(dir.path(), &names).await, Ok(None), "a regular file");
         std::fs::remove_file(&path).unwrap();
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-        assert_eq!(find(dir.path(), &names).as_deref(), Some(names[0].as_str()));
+        assert_eq!(find(dir.path(), &names).await, Ok(Some(names[0].clone())));
         let other = std::os::unix::net::UnixListener::bind(dir.path().join("other.sock")).unwrap();
         drop(listener);
-        assert_eq!(find(dir.path(), &names), None, "stale: refuses connections");
+        assert_eq!(
+            find(dir.path(), &names).await,
+            Ok(None),
+            "stale: refuses connections"
+        );
         drop(other);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_frozen_competitor_leaves_the_verdict_and_costs_no_wait() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = ["aws-efa-device-plugin.sock".to_owned()];
+        let _frozen = FrozenSocket::bind(&dir.path().join(&names[0])).unwrap();
+        let status = Arc::new(watch::Sender::new(PluginStatus {
+            competitor: Some(names[0].clone()),
+            ..PluginStatus::default()
+        }));
+        let watch = Watch {
+            dir: dir.path().to_owned(),
+            sockets: names.to_vec(),
+            interval: Duration::from_secs(1),
+            status: status.clone(),
+        };
+        let started = tokio::time::Instant::now();
+        for _ in 0..1000 {
+            watch.refresh().await;
+        }
+        // A probe that waited for its deadline would have moved the paused clock.
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        assert_eq!(
+            status.borrow().competitor.as_deref(),
+            Some(names[0].as_str()),
+            "the last verdict stands"
+        );
+        assert_eq!(
+            find(dir.path(), &names).await,
+            Err(Undecided(names[0].clone()))
+        );
+        // One listed socket that accepts still counts, whatever the frozen one does.
+        let both = [names[0].clone(), "other.sock".to_owned()];
+        let _other = std::os::unix::net::UnixListener::bind(dir.path().join(&both[1])).unwrap();
+        assert_eq!(find(dir.path(), &both).await, Ok(Some(both[1].clone())));
     }
 }

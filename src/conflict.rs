@@ -8,10 +8,13 @@
 //! operator sees why allocatable dropped to zero, and the conflict ends by itself when the
 //! driver goes.
 
+use std::io;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -20,6 +23,9 @@ use crate::state::DeviceState;
 
 /// While a conflict lasts it is logged again this often, so it is in any recent log excerpt.
 const REMIND_EVERY: Duration = Duration::from_secs(60);
+/// A listing of the dir takes microseconds; one still running after this (a hung filesystem) is
+/// left to finish on its own, and no other starts until it has.
+const LISTING_DEADLINE: Duration = Duration::from_secs(2);
 
 pub(crate) struct Guard {
     pub dir: PathBuf,
@@ -30,27 +36,44 @@ pub(crate) struct Guard {
     pub interval: Duration,
     pub state: DeviceState,
     last_logged: Option<Instant>,
+    /// A listing that overran [`LISTING_DEADLINE`] and has not finished yet.
+    listing: Option<JoinHandle<Listing>>,
+    /// Why the dir could not be listed, as logged; `None` while listings work.
+    trouble: Option<String>,
     /// How the dir is searched; a field only so a test can stand in for a slow listing.
     find: Finder,
 }
 
-type Finder = fn(&Path, &[String]) -> Option<(String, PathBuf)>;
+type Listing = io::Result<Option<(String, PathBuf)>>;
+type Finder = Arc<dyn Fn(&Path, &[String]) -> Listing + Send + Sync>;
 
-/// The first socket in `dir` named after one of `drivers`, as `(driver, path)`.
-pub(crate) fn find_driver(dir: &Path, drivers: &[String]) -> Option<(String, PathBuf)> {
-    let mut found: Vec<(String, PathBuf)> = std::fs::read_dir(dir)
-        .ok()?
-        .flatten()
-        .filter(|entry| entry.file_type().is_ok_and(|t| t.is_socket()))
-        .filter_map(|entry| {
-            let name = entry.file_name();
-            let name = name.to_str()?;
-            let driver = drivers.iter().find(|d| registers(name, d))?;
-            Some((driver.clone(), entry.path()))
-        })
-        .collect();
+/// The first socket in `dir` named after one of `drivers`, as `(driver, path)`. An absent dir
+/// holds no registration (the kubelet creates it with its plugin manager); any other error
+/// says nothing either way, and is returned.
+pub(crate) fn find_driver(dir: &Path, drivers: &[String]) -> Listing {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(err) => return Err(err),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        // An entry the listing could not read might be the driver's socket.
+        let entry = entry?;
+        if !entry.file_type().is_ok_and(|t| t.is_socket()) {
+            continue;
+        }
+        let name = entry.file_name();
+        let Some(driver) = name
+            .to_str()
+            .and_then(|name| drivers.iter().find(|d| registers(name, d)))
+        else {
+            continue;
+        };
+        found.push((driver.clone(), entry.path()));
+    }
     found.sort();
-    found.into_iter().next()
+    Ok(found.into_iter().next())
 }
 
 /// Why every EFA is withheld while `driver` is registered at `socket`, and what decides whether
@@ -94,23 +117,45 @@ impl Guard {
             interval,
             state,
             last_logged: None,
-            find: find_driver,
+            listing: None,
+            trouble: None,
+            find: Arc::new(find_driver),
         }
     }
 
     /// Looks once and updates the device state; logs when a conflict starts or ends, and
     /// reminds of an ongoing one once a minute. The listing runs on the blocking pool: a
     /// crowded or slow dir must not stall the RPCs and probes that share the runtime thread.
+    /// A dir that cannot be listed, or whose listing hangs, leaves the verdict as it was: an
+    /// error is no evidence that a driver went, and failing open would hand out EFAs that a
+    /// registered driver also allocates.
     pub(crate) async fn refresh(&mut self) {
-        let (dir, drivers, find) = (self.dir.clone(), self.drivers.clone(), self.find);
-        let found = match tokio::task::spawn_blocking(move || find(&dir, &drivers)).await {
-            Ok(found) => found,
-            Err(err) => {
-                // The last verdict stands until a later pass gets through.
-                tracing::error!(error = %err, "looking for DRA drivers failed");
+        let mut listing = match self.listing.take() {
+            Some(running) if !running.is_finished() => {
+                self.listing = Some(running);
                 return;
             }
+            // A hung listing that has finished since is stale: list again.
+            _ => {
+                let (dir, drivers, find) =
+                    (self.dir.clone(), self.drivers.clone(), self.find.clone());
+                tokio::task::spawn_blocking(move || find(&dir, &drivers))
+            }
         };
+        let found = match tokio::time::timeout(LISTING_DEADLINE, &mut listing).await {
+            Ok(Ok(Ok(found))) => found,
+            Ok(Ok(Err(err))) => return self.cannot_list(err.to_string()),
+            Ok(Err(err)) => return self.cannot_list(format!("the listing failed: {err}")),
+            Err(_) => {
+                self.listing = Some(listing);
+                return self.cannot_list(format!(
+                    "the listing takes longer than {LISTING_DEADLINE:?}"
+                ));
+            }
+        };
+        if self.trouble.take().is_some() {
+            tracing::info!(dir = %self.dir.display(), "the plugins_registry dir can be listed again");
+        }
         let conflict =
             found.map(|(driver, socket)| describe(&driver, &socket, &self.resource_name));
         let now = Instant::now();
@@ -136,6 +181,20 @@ impl Guard {
         }
     }
 
+    /// Logs why the dir cannot be listed, once while the reason lasts.
+    fn cannot_list(&mut self, why: String) {
+        if self.trouble.as_ref() == Some(&why) {
+            return;
+        }
+        tracing::warn!(
+            dir = %self.dir.display(),
+            error = %why,
+            conflict = self.state.current().conflict().is_some(),
+            "cannot list the plugins_registry dir; the DRA conflict verdict stays as it was until it can"
+        );
+        self.trouble = Some(why);
+    }
+
     /// Re-checks on every change of the dir, and every `interval` in any case.
     pub(crate) async fn run(mut self, shutdown: CancellationToken) {
         let mut rescans = Rescans::every(self.interval, shutdown).watching(self.dir.clone());
@@ -148,40 +207,109 @@ impl Guard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Mutex, mpsc};
 
-    static GATE: Mutex<Option<mpsc::Receiver<()>>> = Mutex::new(None);
-    static RELEASED: AtomicBool = AtomicBool::new(false);
+    fn guard(dir: &Path) -> Guard {
+        Guard::new(
+            dir.to_owned(),
+            vec!["dra.net".into()],
+            "vpc.amazonaws.com/efa".into(),
+            Duration::from_secs(1),
+            DeviceState::default(),
+        )
+    }
 
-    /// A listing that lasts until a task on the runtime thread releases it: were it run on
-    /// that thread, the task could not run and the listing would give up after 5 s.
-    fn gated_find(_: &Path, _: &[String]) -> Option<(String, PathBuf)> {
-        let gate = GATE.lock().unwrap().take().expect("gate set");
-        let released = gate.recv_timeout(Duration::from_secs(5)).is_ok();
-        RELEASED.store(released, Ordering::SeqCst);
-        None
+    /// A listing that lasts until `gate` is released (or dropped), counting its calls.
+    fn gated(gate: mpsc::Receiver<()>, calls: Arc<AtomicUsize>) -> Finder {
+        let gate = Mutex::new(gate);
+        Arc::new(move |_: &Path, _: &[String]| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            let _ = gate.lock().unwrap().recv();
+            Ok(None)
+        })
     }
 
     #[tokio::test]
     async fn a_slow_listing_leaves_the_runtime_thread_free() {
         let (release, gate) = mpsc::channel();
-        *GATE.lock().unwrap() = Some(gate);
-        let mut guard = Guard::new(
-            PathBuf::from("/nonexistent"),
-            vec!["dra.net".into()],
-            "vpc.amazonaws.com/efa".into(),
-            Duration::from_secs(1),
-            DeviceState::default(),
-        );
-        guard.find = gated_find;
+        let mut guard = guard(Path::new("/nonexistent"));
+        guard.find = gated(gate, Arc::default());
+        // Were the listing run on the runtime thread, this task could not run to release it.
         let releaser = tokio::spawn(async move { release.send(()).unwrap() });
         guard.refresh().await;
         releaser.await.unwrap();
+        assert!(guard.listing.is_none(), "the listing finished in time");
+    }
+
+    #[tokio::test]
+    async fn a_hung_listing_is_one_thread_however_many_passes_wait_on_it() {
+        let (release, gate) = mpsc::channel();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let mut guard = guard(Path::new("/nonexistent"));
+        guard.find = gated(gate, calls.clone());
+        let reason = "dra.net at /x".to_owned();
+        guard.state.set_conflict(Some(reason.clone()));
+        let started = std::time::Instant::now();
+        for _ in 0..500 {
+            guard.refresh().await;
+        }
+        // The first pass gave up at the deadline; the others found it still running.
         assert!(
-            RELEASED.load(Ordering::SeqCst),
-            "the listing blocked the runtime thread"
+            started.elapsed() < LISTING_DEADLINE * 2,
+            "{:?}",
+            started.elapsed()
         );
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "one listing in flight");
+        assert!(guard.trouble.is_some());
+        assert_eq!(guard.state.current().conflict(), Some(reason.as_str()));
+
+        drop(release);
+        while !guard.listing.as_ref().is_some_and(JoinHandle::is_finished) {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        guard.refresh().await;
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            2,
+            "a fresh listing after it ended"
+        );
+        assert_eq!(guard.state.current().conflict(), None);
+        assert!(guard.trouble.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_registry_that_cannot_be_listed_keeps_the_last_verdict() {
+        let root = tempfile::tempdir().unwrap();
+        let registry = root.path().join("plugins_registry");
+        std::fs::create_dir(&registry).unwrap();
+        let socket = registry.join("dra.net-reg.sock");
+        let _dranet = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+        let mut guard = guard(&registry);
+        guard.refresh().await;
+        let conflict = guard.state.current().conflict().map(str::to_owned);
+        assert!(conflict.is_some());
+
+        // Not a directory: ENOTDIR, no evidence that the driver went.
+        let aside = root.path().join("aside");
+        std::fs::rename(&registry, &aside).unwrap();
+        std::fs::write(&registry, "").unwrap();
+        guard.refresh().await;
+        guard.refresh().await;
+        assert_eq!(guard.state.current().conflict(), conflict.as_deref());
+        assert!(
+            guard
+                .trouble
+                .as_deref()
+                .is_some_and(|t| t.contains("Not a directory"))
+        );
+
+        std::fs::remove_file(&registry).unwrap();
+        std::fs::rename(&aside, &registry).unwrap();
+        std::fs::remove_file(&socket).unwrap();
+        guard.refresh().await;
+        assert_eq!(guard.state.current().conflict(), None, "the driver went");
+        assert!(guard.trouble.is_none());
     }
 
     #[test]
@@ -193,17 +321,21 @@ mod tests {
             std::os::unix::net::UnixListener::bind(dir.path().join("gpu.nvidia.com-reg.sock"))
                 .unwrap();
         assert_eq!(
-            find_driver(dir.path(), &drivers),
+            find_driver(dir.path(), &drivers).unwrap(),
             None,
             "a regular file is no registration"
         );
 
         let _dra =
             std::os::unix::net::UnixListener::bind(dir.path().join("dra.net-reg2.sock")).unwrap();
-        let (driver, path) = find_driver(dir.path(), &drivers).unwrap();
+        let (driver, path) = find_driver(dir.path(), &drivers).unwrap().unwrap();
         assert_eq!(driver, "dra.net");
         assert!(path.ends_with("dra.net-reg2.sock"));
-        assert_eq!(find_driver(&dir.path().join("absent"), &drivers), None);
+        assert_eq!(
+            find_driver(&dir.path().join("absent"), &drivers).unwrap(),
+            None,
+            "an absent dir holds no registration"
+        );
     }
 
     #[test]

@@ -22,14 +22,12 @@ use crate::allocation::Allocator;
 use crate::backoff::Backoff;
 use crate::fswatch::DirWatch;
 use crate::proto::deviceplugin::{
-    KUBELET_SOCKET, RegisterRequest, VERSION, registration_client::RegistrationClient,
+    KUBELET_SOCKET, PLUGIN_SOCKET, RegisterRequest, VERSION,
+    registration_client::RegistrationClient,
 };
 use crate::service::{PluginService, StreamHooks};
 use crate::state::{DeviceReader, PluginStatus};
 use crate::uds::{self, FileIdentity};
-
-/// File name of the plugin's socket inside the device-plugin dir.
-pub(crate) const PLUGIN_SOCKET: &str = "efa-device-plugin.sock";
 
 /// A kubelet that accepted the connection but hangs in Register is retried after this long.
 const REGISTER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -313,7 +311,10 @@ impl Lifecycle {
             }
         };
         match registered {
-            Ok(()) => Attempt::Registered(generation),
+            Ok(()) => {
+                generation.hooks.registered();
+                Attempt::Registered(generation)
+            }
             Err(err) => {
                 generation.stop().await;
                 Attempt::Failed(err)
@@ -403,10 +404,9 @@ impl Lifecycle {
     }
 
     /// Waits for the registration to end; with `awaiting_stream`, returns
-    /// [`Ending::StreamOpened`] once a stream is open, or [`Ending::NoStream`] after
-    /// [`STREAM_PATIENCE`] without one. Any client's stream counts there: the kubelet's is only
-    /// told apart once it ends, and a foreign stream in those seconds at worst delays the
-    /// detection to the next registration.
+    /// [`Ending::StreamOpened`] once the kubelet's stream is open, or [`Ending::NoStream`] after
+    /// [`STREAM_PATIENCE`] without it. Only the kubelet's counts (see [`StreamHooks`]), so
+    /// another client's stream, however long it stays open, cannot hide a missing one.
     async fn wait_until_ended(
         &self,
         generation: &Generation,
@@ -420,13 +420,13 @@ impl Lifecycle {
         tokio::pin!(stable);
         let patience = tokio::time::sleep(STREAM_PATIENCE);
         tokio::pin!(patience);
-        let mut streams = generation.hooks.open_streams();
+        let mut kubelet_stream = generation.hooks.kubelet_stream();
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ending::Shutdown,
                 _ = generation.hooks.ended_by_kubelet() => return Ending::StreamEnded,
                 // The sender lives in the hooks this generation holds: no error to tell apart.
-                _ = async { streams.wait_for(|open| *open > 0).await.is_ok() }, if awaiting_stream => {
+                _ = async { kubelet_stream.wait_for(|opened| *opened).await.is_ok() }, if awaiting_stream => {
                     return Ending::StreamOpened;
                 }
                 _ = &mut patience, if awaiting_stream => return Ending::NoStream,

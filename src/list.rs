@@ -60,10 +60,19 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
     }
     let mut records = observed.records;
     // As the running plugin judges them: withheld while an EFA DRA driver is registered.
-    if !settings.allow_dra_coexistence
-        && let Some((driver, socket)) =
-            conflict::find_driver(&settings.plugins_registry_dir, &settings.dra_drivers)
-    {
+    let registry = &settings.plugins_registry_dir;
+    let registered = if settings.allow_dra_coexistence {
+        None
+    } else {
+        conflict::find_driver(registry, &settings.dra_drivers).unwrap_or_else(|err| {
+            eprintln!(
+                "warning: cannot list {}, so whether a DRA driver is registered is unknown: {err}",
+                registry.display()
+            );
+            None
+        })
+    };
+    if let Some((driver, socket)) = registered {
         let reason = conflict::describe(&driver, &socket, settings.resource_name.as_str());
         eprintln!("warning: {reason}");
         for record in &mut records {

@@ -11,6 +11,9 @@ pub mod deviceplugin {
     pub const UNHEALTHY: &str = "Unhealthy";
     /// File name of the kubelet's registration socket inside the device-plugin dir.
     pub const KUBELET_SOCKET: &str = "kubelet.sock";
+    /// File name of this plugin's socket inside the device-plugin dir, sent as
+    /// `RegisterRequest.endpoint`.
+    pub const PLUGIN_SOCKET: &str = "efa-device-plugin.sock";
 }
 
 /// Kubelet PodResources API, used to attribute EFA traffic to pods.

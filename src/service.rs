@@ -7,7 +7,6 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::num::NonZeroU32;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
@@ -32,38 +31,85 @@ use crate::proto::deviceplugin::{
     device_plugin_server::{DevicePlugin, DevicePluginServer, SERVICE_NAME},
 };
 use crate::state::{DeviceRecord, Inventory};
+use crate::uds::ConnectionId;
 
 /// What the lifecycle learns from the streams of one generation.
+///
+/// Which stream is the kubelet's follows from how the kubelet registers a plugin (1.26 on,
+/// `devicemanager/plugin/v1beta1`): inside its `Register` handler it dials the plugin's socket
+/// (`client.Connect`), asks that connection for `GetDevicePluginOptions`, and only then starts
+/// `runClient`, which opens ListAndWatch over the same connection. So the kubelet's stream is
+/// the first one on a connection that asked for the options while the plugin's `Register` call
+/// was in flight. A stream of another client (a debugging tool, a second reader), even one
+/// opened at the same instant, comes over a connection of its own and is never taken for it.
 #[derive(Default)]
 pub(crate) struct StreamHooks {
     open: watch::Sender<usize>,
-    /// Set when Register is sent: the kubelet opens its stream only after receiving it.
-    registering: AtomicBool,
-    /// Whether a stream already counts as the kubelet's.
-    kubelet_stream_opened: AtomicBool,
+    /// Whether the kubelet's stream has opened; at most one stream is.
+    kubelet_stream: watch::Sender<bool>,
+    dial_back: Mutex<DialBack>,
     /// Signalled when the kubelet ends its stream (rather than the plugin stopping it).
     ended_by_kubelet: Notify,
 }
+
+/// The connections that asked for the options while Register was in flight: the kubelet's
+/// dial-back among them.
+#[derive(Default)]
+struct DialBack {
+    in_flight: bool,
+    connections: Vec<ConnectionId>,
+}
+
+/// More connections asking for the options within the milliseconds of one Register than a
+/// node has any reason for; past this, the kubelet's may go unrecognised, which costs one
+/// registration (no stream seen), not a wrong verdict.
+const MAX_DIAL_BACKS: usize = 16;
 
 impl StreamHooks {
     pub(crate) fn open_streams(&self) -> watch::Receiver<usize> {
         self.open.subscribe()
     }
 
-    /// Called just before Register: the first stream opened from now on is the kubelet's.
-    /// Streams of other clients (a debugging tool, a second reader) come and go without
-    /// ending the registration.
+    /// True once the kubelet's stream has opened.
+    pub(crate) fn kubelet_stream(&self) -> watch::Receiver<bool> {
+        self.kubelet_stream.subscribe()
+    }
+
+    /// Called just before Register is sent: the kubelet dials back from now on.
     pub(crate) fn registering(&self) {
-        self.registering.store(true, Ordering::Release);
+        self.dial_back().in_flight = true;
+    }
+
+    /// Called once Register has returned: the kubelet asked for the options before answering
+    /// it, so a connection asking from now on is not the kubelet's.
+    pub(crate) fn registered(&self) {
+        self.dial_back().in_flight = false;
     }
 
     pub(crate) async fn ended_by_kubelet(&self) {
         self.ended_by_kubelet.notified().await
     }
 
-    fn claim_kubelet_stream(&self) -> bool {
-        self.registering.load(Ordering::Acquire)
-            && !self.kubelet_stream_opened.swap(true, Ordering::AcqRel)
+    fn dial_back(&self) -> std::sync::MutexGuard<'_, DialBack> {
+        self.dial_back.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn options_asked(&self, connection: Option<ConnectionId>) {
+        let mut dial_back = self.dial_back();
+        if let Some(connection) = connection
+            && dial_back.in_flight
+            && dial_back.connections.len() < MAX_DIAL_BACKS
+            && !dial_back.connections.contains(&connection)
+        {
+            dial_back.connections.push(connection);
+        }
+    }
+
+    fn claim_kubelet_stream(&self, connection: Option<ConnectionId>) -> bool {
+        connection.is_some_and(|c| self.dial_back().connections.contains(&c))
+            && self
+                .kubelet_stream
+                .send_if_modified(|opened| !std::mem::replace(opened, true))
     }
 }
 
@@ -75,9 +121,13 @@ struct StreamGuard {
 }
 
 impl StreamGuard {
-    fn new(hooks: Arc<StreamHooks>, stop: CancellationToken) -> Self {
+    fn new(
+        hooks: Arc<StreamHooks>,
+        stop: CancellationToken,
+        connection: Option<ConnectionId>,
+    ) -> Self {
         hooks.open.send_modify(|n| *n += 1);
-        let kubelets = hooks.claim_kubelet_stream();
+        let kubelets = hooks.claim_kubelet_stream(connection);
         StreamGuard {
             hooks,
             stop,
@@ -236,8 +286,10 @@ type ListStream = tokio_stream::Empty<Result<ListAndWatchResponse, Status>>;
 impl DevicePlugin for PluginService {
     async fn get_device_plugin_options(
         &self,
-        _: Request<Empty>,
+        request: Request<Empty>,
     ) -> Result<Response<DevicePluginOptions>, Status> {
+        self.hooks
+            .options_asked(request.extensions().get::<ConnectionId>().copied());
         Ok(Response::new(DevicePluginOptions {
             pre_start_required: false,
             get_preferred_allocation_available: true,
@@ -382,7 +434,7 @@ impl tower::Service<http::Request<Body>> for PluginServer {
         if request.uri().path() != LIST_AND_WATCH {
             return self.grpc.call(request);
         }
-        let opened = self.open_stream();
+        let opened = self.open_stream(request.extensions().get::<ConnectionId>().copied());
         Box::pin(async move {
             // The request is an `Empty`; read it to its end, as a unary server would, before
             // answering.
@@ -407,13 +459,14 @@ impl tower::Service<http::Request<Body>> for PluginServer {
 }
 
 impl PluginServer {
-    fn open_stream(&self) -> Result<ListBody, Status> {
+    fn open_stream(&self, connection: Option<ConnectionId>) -> Result<ListBody, Status> {
         let service = &self.service;
         let hooks = &service.hooks;
-        let others = hooks.open.borrow().saturating_sub(usize::from(
-            hooks.kubelet_stream_opened.load(Ordering::Acquire),
-        ));
-        let guard = StreamGuard::new(hooks.clone(), service.stop.clone());
+        let others = hooks
+            .open
+            .borrow()
+            .saturating_sub(usize::from(*hooks.kubelet_stream.borrow()));
+        let guard = StreamGuard::new(hooks.clone(), service.stop.clone(), connection);
         if !guard.kubelets && others >= MAX_STREAMS {
             return Err(Status::resource_exhausted(format!(
                 "at most {MAX_STREAMS} ListAndWatch streams are served at once; close one first"
@@ -520,6 +573,31 @@ mod tests {
         assert!((1..64).contains(&fitting), "{refused}");
         assert_eq!(fits(fitting, true), Ok(()));
         assert!(fits(fitting + 1, true).is_err());
+    }
+
+    #[test]
+    fn the_kubelets_stream_is_the_first_on_a_connection_it_dialled_back_during_register() {
+        let (kubelet, tool, late) = (ConnectionId(1), ConnectionId(2), ConnectionId(3));
+        let hooks = StreamHooks::default();
+        hooks.options_asked(Some(late));
+        hooks.registering();
+        // A tool's stream first, at the very instant Register is sent.
+        assert!(!hooks.claim_kubelet_stream(Some(tool)));
+        hooks.options_asked(Some(kubelet));
+        hooks.registered();
+        hooks.options_asked(Some(late));
+        assert!(
+            !hooks.claim_kubelet_stream(Some(late)),
+            "asked after Register"
+        );
+        assert!(!hooks.claim_kubelet_stream(None));
+        assert!(!*hooks.kubelet_stream().borrow());
+        assert!(hooks.claim_kubelet_stream(Some(kubelet)));
+        assert!(*hooks.kubelet_stream().borrow());
+        assert!(
+            !hooks.claim_kubelet_stream(Some(kubelet)),
+            "one stream only"
+        );
     }
 
     #[test]

@@ -3,18 +3,23 @@
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use std::convert::Infallible;
 
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::codegen::http::{Request, Response};
 use tonic::server::NamedService;
+use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tower::{Service, service_fn};
 
@@ -95,8 +100,55 @@ pub(crate) fn listen(socket: OwnedFd) -> io::Result<UnixListener> {
     UnixListener::from_std(std::os::unix::net::UnixListener::from(socket))
 }
 
+/// Which accepted connection a request came over, in every request's extensions: the kubelet
+/// makes all its calls to a plugin over the one connection it dials in `Register`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionId(pub(crate) u64);
+
+/// An accepted connection with its [`ConnectionId`].
+struct Numbered {
+    stream: UnixStream,
+    id: ConnectionId,
+}
+
+impl Connected for Numbered {
+    type ConnectInfo = ConnectionId;
+
+    fn connect_info(&self) -> ConnectionId {
+        self.id
+    }
+}
+
+impl AsyncRead for Numbered {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Numbered {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
 /// Serves one gRPC service on `listener` until `stop` is cancelled; the task yields the server's
-/// own error, if any.
+/// own error, if any. Each request carries its connection's [`ConnectionId`].
 pub fn spawn_server<S>(
     listener: UnixListener,
     service: S,
@@ -111,13 +163,18 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    let mut accepted = 0;
+    let numbered = UnixListenerStream::new(listener).map(move |connection| {
+        accepted += 1;
+        connection.map(|stream| Numbered {
+            stream,
+            id: ConnectionId(accepted),
+        })
+    });
     tokio::spawn(
         tonic::transport::Server::builder()
             .add_service(service)
-            .serve_with_incoming_shutdown(
-                UnixListenerStream::new(listener),
-                stop.cancelled_owned(),
-            ),
+            .serve_with_incoming_shutdown(numbered, stop.cancelled_owned()),
     )
 }
 

@@ -716,3 +716,30 @@ fn list_names_a_registered_dra_driver_and_what_to_check() {
     assert!(!stderr.contains("DRA"), "{stderr}");
     assert_eq!(stdout.matches("Unhealthy").count(), 0, "{stdout}");
 }
+
+#[test]
+fn the_kubelets_socket_or_the_plugins_own_is_refused_as_a_competitor() {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, problem) in [
+        ("kubelet.sock", "the kubelet's registration socket"),
+        ("efa-device-plugin.sock", "this plugin's own socket"),
+    ] {
+        let listed = format!("aws-efa-device-plugin.sock, {name}");
+        assert_one_line_error(
+            run_binary(&["--competing-plugin-sockets", &listed, "config"], &[]),
+            &["--competing-plugin-sockets", name, problem],
+        );
+        assert_one_line_error(
+            run_binary(
+                &["config"],
+                &[("EFA_DP_COMPETING_PLUGIN_SOCKETS", listed.as_str())],
+            ),
+            &["EFA_DP_COMPETING_PLUGIN_SOCKETS", name, problem],
+        );
+        let config = write_config(dir.path(), &format!("competing-plugin-sockets: [{name}]\n"));
+        assert_one_line_error(
+            run_binary(&["--config", &config, "config"], &[]),
+            &[&config, "competing-plugin-sockets", name, problem],
+        );
+    }
+}

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use efa_device_plugin::proto::deviceplugin::{HEALTHY, UNHEALTHY};
+use efa_device_plugin::testkit::frozen::FrozenSocket;
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
 use support::{Harness, eventually, fds_and_tasks, sample};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -547,4 +548,99 @@ async fn sighup_stops_the_plugin_like_sigterm_with_its_clean_up() {
     assert!(!h.plugin_socket().exists(), "socket left behind");
     assert!(!nfd.exists(), "NFD file left behind");
     assert!(h.plugin_log().contains("stopping on signal"));
+}
+
+/// Threads of `pid` blocked connecting to a Unix socket whose backlog is full; 0 where the
+/// kernel does not tell.
+fn threads_in_connect(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter(|task| {
+                    std::fs::read_to_string(task.path().join("wchan"))
+                        .is_ok_and(|wchan| wchan == "unix_wait_for_peer")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_frozen_competitor_costs_no_thread_per_pass_and_the_plugin_keeps_serving() {
+    let mut h = Harness::new(Shape::P4d);
+    // The AWS plugin's socket, listening but never accepting.
+    let _frozen = FrozenSocket::bind(&h.plugin_dir.join("aws-efa-device-plugin.sock")).unwrap();
+    let pid = h.spawn_plugin(&[]);
+    h.registered().await;
+    let (_, before) = fds_and_tasks(pid);
+
+    // A pass every 200 ms, and one on each change in the dir.
+    let churn = h.plugin_dir.join("churn");
+    let until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < until {
+        std::fs::write(&churn, "").unwrap();
+        std::fs::remove_file(&churn).unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, after) = fds_and_tasks(pid);
+    let stuck = threads_in_connect(pid);
+    eprintln!("threads: {before} before, {after} after 8 s of passes; {stuck} in connect");
+    assert_eq!(stuck, 0, "threads hang in connect");
+    // Blocking-pool threads that idle come and go; one left per pass would be 4 or more.
+    assert!(
+        after <= before + 2,
+        "{before} threads before, {after} after"
+    );
+
+    assert_eq!(h.get("/healthz").await.0, 200);
+    let efa = h.efas()[0].clone();
+    h.node.remove_node(&efa).unwrap();
+    let id = efa.ibdev.clone();
+    h.wait("the removed node reported", |v| {
+        v.health_of(&id) == Some(UNHEALTHY)
+    })
+    .await;
+    let (status, took) = h.terminate_plugin();
+    assert!(status.success(), "{status:?}");
+    assert!(took < Duration::from_secs(2), "SIGTERM took {took:?}");
+}
+
+#[tokio::test]
+async fn a_plugins_registry_that_cannot_be_listed_keeps_the_devices_withheld() {
+    let mut h = Harness::new(Shape::P4d);
+    let registry = h.root.path().join("plugins_registry");
+    std::fs::create_dir_all(&registry).unwrap();
+    let socket = registry.join("dra.net-reg.sock");
+    let dranet = std::os::unix::net::UnixListener::bind(&socket).unwrap();
+    h.spawn_plugin(&[]);
+    h.wait("every device withheld", |v| {
+        v.stream_open && v.devices.len() == 4 && v.healthy() == 0
+    })
+    .await;
+
+    let aside = h.root.path().join("plugins_registry.aside");
+    std::fs::rename(&registry, &aside).unwrap();
+    // Not a directory: ENOTDIR, no evidence that the driver went.
+    std::fs::write(&registry, "").unwrap();
+    // Five passes at the harness's 200 ms.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let healthy = h.kubelet.view().borrow().healthy();
+    assert_eq!(
+        healthy, 0,
+        "{healthy} EFAs turned Healthy: the guard failed open"
+    );
+    let log = h.plugin_log();
+    assert_eq!(
+        log.matches("cannot list the plugins_registry dir").count(),
+        1,
+        "logged once while it lasts\n{log}"
+    );
+
+    std::fs::remove_file(&registry).unwrap();
+    std::fs::rename(&aside, &registry).unwrap();
+    drop(dranet);
+    std::fs::remove_file(&socket).unwrap();
+    h.wait("devices back", |v| v.healthy() == 4).await;
+    assert!(h.plugin_log().contains("can be listed again"));
 }

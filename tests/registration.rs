@@ -7,6 +7,8 @@ mod support;
 use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
 use std::process::{Command, ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use efa_device_plugin::discovery::DevNum;
@@ -16,6 +18,7 @@ use efa_device_plugin::proto::deviceplugin::{
 };
 use efa_device_plugin::testkit::simulate::Shape;
 use support::{BINARY, Harness, TIMEOUT, eventually};
+use tokio::task::JoinHandle;
 
 fn occurrences(log: &str, needle: &str) -> usize {
     log.lines().filter(|line| line.contains(needle)).count()
@@ -343,4 +346,67 @@ async fn the_largest_preferred_allocation_does_not_hold_up_allocate_or_the_probe
         answered < preferred / 2,
         "Allocate and /healthz took {answered:?} during a {preferred:?} GetPreferredAllocation"
     );
+}
+
+/// Another root client on the node: as soon as the kubelet has been sent each Register, it
+/// opens a ListAndWatch stream of its own on the plugin's socket and keeps it open. Counts the
+/// streams that got their first list.
+fn open_a_stream_after_each_register(h: &Harness) -> (JoinHandle<()>, Arc<AtomicUsize>) {
+    let mut view = h.kubelet.view();
+    let socket = h.plugin_socket();
+    let opened = Arc::new(AtomicUsize::new(0));
+    let counted = opened.clone();
+    let client = tokio::spawn(async move {
+        let mut held = Vec::new();
+        let mut seen = 0;
+        while let Ok(calls) = view
+            .wait_for(|v| v.register_calls > seen)
+            .await
+            .map(|v| v.register_calls)
+        {
+            seen = calls;
+            let Ok(channel) = efa_device_plugin::uds::dial(&socket).await else {
+                continue;
+            };
+            let Ok(response) = DevicePluginClient::new(channel)
+                .list_and_watch(Empty {})
+                .await
+            else {
+                continue;
+            };
+            let mut stream = response.into_inner();
+            if stream.message().await.is_ok_and(|list| list.is_some()) {
+                counted.fetch_add(1, Ordering::SeqCst);
+                held.push(stream);
+            }
+        }
+    });
+    (client, opened)
+}
+
+#[tokio::test]
+async fn a_foreign_stream_opened_right_after_register_cannot_hide_a_missing_kubelet_stream() {
+    let mut h = Harness::new(Shape::P4d);
+    h.kubelet.open_no_streams(true);
+    let (client, opened) = open_a_stream_after_each_register(&h);
+    h.spawn_plugin(&[]);
+    h.wait("a second registration", |v| v.register_calls >= 2)
+        .await;
+    assert!(opened.load(Ordering::SeqCst) >= 1, "no foreign stream");
+    assert_eq!(h.kubelet.view().borrow().streams_started, 0);
+
+    // With a foreign stream beside it, the kubelet's own is still told apart.
+    h.kubelet.open_no_streams(false);
+    let registered = h.registered().await;
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    let view = h.kubelet.view().borrow().clone();
+    let log = h.plugin_log();
+    assert_eq!(view.register_calls, registered.register_calls, "{log}");
+    assert!(view.stream_open, "{log}");
+    assert_eq!(
+        occurrences(&log, "opened no ListAndWatch stream"),
+        1,
+        "one line for the streak\n{log}"
+    );
+    client.abort();
 }

@@ -12,6 +12,7 @@ use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
 
 use crate::allocation::sharing::{Sharing, parse_replicas};
+use crate::proto::deviceplugin::{KUBELET_SOCKET, PLUGIN_SOCKET};
 
 /// A path that must be given: an empty one would resolve against the working directory
 /// (`--cdi-spec-dir ''` wrote the spec there) or never work (`--device-plugin-dir ''`).
@@ -164,17 +165,24 @@ fn comma_list(text: &str) -> Vec<String> {
 }
 
 /// Comma-separated file names inside the device-plugin dir, e.g. `aws-efa-device-plugin.sock`.
+/// Neither the kubelet's socket nor this plugin's own is another plugin: listed, the plugin
+/// would take the kubelet (always accepting) or itself for a competitor and stand down for good
+/// once the kubelet ends its stream.
 pub(super) fn parse_socket_names(text: &str) -> Result<Vec<String>, String> {
     let names = comma_list(text);
-    match names
-        .iter()
-        .find(|name| name.contains('/') || *name == "." || *name == "..")
-    {
-        Some(name) => Err(format!(
-            "invalid socket name {name:?}: a file name in the device-plugin dir, without '/'"
-        )),
-        None => Ok(names),
+    for name in &names {
+        let problem = if name.contains('/') || name == "." || name == ".." {
+            "a file name in the device-plugin dir, without '/'"
+        } else if name == KUBELET_SOCKET {
+            "that is the kubelet's registration socket, not a competing plugin's"
+        } else if name == PLUGIN_SOCKET {
+            "that is this plugin's own socket, not a competing plugin's"
+        } else {
+            continue;
+        };
+        return Err(format!("invalid socket name {name:?}: {problem}"));
     }
+    Ok(names)
 }
 
 pub(super) fn parse_bool(text: &str) -> Result<bool, String> {
