@@ -4,5 +4,6 @@
 //! crate's own tests or with the `testkit` feature, which the image build leaves off.
 
 pub mod kubelet_stub;
+pub mod log;
 pub mod pod_resources_stub;
 pub mod simulate;
