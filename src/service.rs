@@ -230,6 +230,14 @@ fn to_device(id: String, record: &DeviceRecord) -> Device {
 /// millisecond, less than handing them to another thread would cost in latency.
 const INLINE_OFFER: usize = 512;
 
+/// Larger offers are answered one at a time, each on a blocking thread: one costs up to about
+/// 18 MiB at 256 EFAs × 64 replicas, and sixteen at once took the plugin past the pod's limit.
+/// The kubelet never has two in flight: it admits pods one at a time, and calls
+/// GetPreferredAllocation from inside an admission (`devicesToAllocate`, device manager), so a
+/// second caller at once is some other client, which waits its turn. Process-wide rather than
+/// per registration, so a request still running from before a kubelet restart counts too.
+static PREFERRING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
 type ListStream = tokio_stream::Empty<Result<ListAndWatchResponse, Status>>;
 
 #[tonic::async_trait]
@@ -274,12 +282,20 @@ impl DevicePlugin for PluginService {
             ));
         }
         // The runtime has one thread: a large answer computed on it would hold up every other
-        // RPC and the probes for as long as it takes.
-        let allocator = self.allocator.clone();
-        tokio::task::spawn_blocking(move || allocator.preferred(&inventory, &request))
+        // RPC and the probes for as long as it takes. The turn goes with the computation, so a
+        // caller that gives up frees it only when the computation ends.
+        let turn = PREFERRING
+            .acquire()
             .await
-            .map(Response::new)
-            .map_err(|err| Status::internal(format!("GetPreferredAllocation failed: {err}")))
+            .map_err(|err| Status::internal(format!("GetPreferredAllocation failed: {err}")))?;
+        let allocator = self.allocator.clone();
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            allocator.preferred(&inventory, &request)
+        })
+        .await
+        .map(Response::new)
+        .map_err(|err| Status::internal(format!("GetPreferredAllocation failed: {err}")))
     }
 
     async fn allocate(
@@ -520,6 +536,69 @@ mod tests {
         assert!((1..64).contains(&fitting), "{refused}");
         assert_eq!(fits(fitting, true), Ok(()));
         assert!(fits(fitting + 1, true).is_err());
+    }
+
+    /// Blocking-pool threads of this process named `name`.
+    fn threads_named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
+    #[test]
+    fn large_preferred_allocations_are_computed_one_at_a_time() {
+        const POOL: &str = "gpa-turns-test";
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .thread_name(POOL)
+            .build()
+            .unwrap();
+        let sharing = shared(4);
+        let dense = Arc::new(inventory(Shape::Dense256));
+        let offered: Vec<String> = advertised(&dense, sharing).map(|d| d.id).collect();
+        assert!(offered.len() > INLINE_OFFER);
+        let dir = tempfile::tempdir().unwrap();
+        let contributors = crate::allocation::contributors(dir.path(), &Default::default());
+        let service = Arc::new(PluginService {
+            devices: watch::channel(dense).1,
+            allocator: Arc::new(
+                Allocator::new(Box::new(crate::allocation::DeviceSpecs), contributors)
+                    .with_sharing(sharing),
+            ),
+            hooks: Arc::default(),
+            stop: CancellationToken::new(),
+        });
+        let request = PreferredAllocationRequest {
+            container_requests: vec![
+                crate::proto::deviceplugin::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: offered,
+                    must_include_device_i_ds: Vec::new(),
+                    allocation_size: 64,
+                },
+            ],
+        };
+        // Sixteen callers at once, as a client other than the kubelet may make them.
+        let answers = runtime.block_on(async {
+            let mut calls = tokio::task::JoinSet::new();
+            for _ in 0..16 {
+                let (service, request) = (service.clone(), Request::new(request.clone()));
+                calls.spawn(async move { service.get_preferred_allocation(request).await });
+            }
+            calls.join_all().await
+        });
+        for answer in answers {
+            assert_eq!(
+                answer.unwrap().into_inner().container_responses[0]
+                    .device_i_ds
+                    .len(),
+                64
+            );
+        }
+        // Each computation at once took a thread of its own; in turns, one thread serves them
+        // all (two, when a turn's next caller comes before its thread is idle again).
+        let threads = threads_named(POOL);
+        assert!((1..=2).contains(&threads), "{threads} blocking threads");
     }
 
     #[test]
