@@ -163,9 +163,17 @@ const LIST_COPIES: usize = 3;
 /// 52.5 MiB, 785 bytes per ID over the device-specs figure).
 const CDI_BYTES_PER_ID: usize = 800;
 
+/// What the PodResources view holds per advertised ID at its peak with every ID held: the
+/// kubelet's answer, received and decoded (a string per ID), and the view derived from it next
+/// to the one it replaces (an entry per EFA and container, the container's names shared by all
+/// its IDs). `benches/memory.rs`: 600 EFAs × 64 in cdi mode, every replica held by 64 pods with
+/// the longest names, through a flap and a GetPreferredAllocation, peaked 1.1 MiB over the
+/// same without holders (3.9 MiB in the worst of three runs: 30 to 106 bytes per ID).
+const HELD_BYTES_PER_ID: usize = 160;
+
 /// Refuses a sharing count under which the device list of `inventory` could exceed
 /// [`KUBELET_MESSAGE_LIMIT`], or the memory it takes at its peak (in cdi mode, with the spec
-/// writer's) the pod's limit. Sized for the worst case, every ID `Unhealthy` (the longest
+/// writer's; with every ID held, the PodResources view's) the pod's limit. Sized for the worst case, every ID `Unhealthy` (the longest
 /// health), so no health change can push a list that passed over either.
 pub(crate) fn check_sharing_fits(
     inventory: &Inventory,
@@ -181,7 +189,8 @@ pub(crate) fn check_sharing_fits(
     };
     let memory = |sharing: Sharing| {
         let ids = inventory.devices().len() * sharing.replicas.get() as usize;
-        BASE_MEMORY + LIST_COPIES * size(sharing) + if cdi { ids * CDI_BYTES_PER_ID } else { 0 }
+        let spec = if cdi { ids * CDI_BYTES_PER_ID } else { 0 };
+        BASE_MEMORY + LIST_COPIES * size(sharing) + spec + ids * HELD_BYTES_PER_ID
     };
     let fits = |sharing: Sharing| {
         size(sharing) <= KUBELET_MESSAGE_LIMIT && memory(sharing) <= LIST_MEMORY_BUDGET
@@ -599,6 +608,17 @@ mod tests {
         // all (two, when a turn's next caller comes before its thread is idle again).
         let threads = threads_named(POOL);
         assert!((1..=2).contains(&threads), "{threads} blocking threads");
+    }
+
+    #[test]
+    fn the_budget_counts_the_pod_view_with_every_id_held() {
+        let origin = Origin::Flag("--sharing-replicas");
+        // cdi mode's most at 64 replicas while the view went uncounted: every replica held, it
+        // peaked at 68.6 MiB.
+        let refused = check_sharing_fits(&inventory(Shape::Dense(721)), shared(64), &origin, true)
+            .unwrap_err()
+            .0;
+        assert!(refused.contains("in cdi mode need about"), "{refused}");
     }
 
     #[test]

@@ -390,6 +390,28 @@ mod tests {
         waited.expect("the view in time").unwrap().clone()
     }
 
+    #[test]
+    fn a_container_is_named_once_however_many_ids_it_lists() {
+        let inventory = inventory_named(Shape::P4d, DeviceIdStrategy::Ibdev);
+        let sharing = Sharing::replicas(NonZeroU32::new(4).unwrap());
+        // A hostile answer lists one ID of each kind over and over: an advertised replica, a
+        // foreign name of the same EFA, and one no EFA here is called.
+        let mut listed = vec!["rdmap16s27::1"; 10_000];
+        listed.extend(["rdmap32s27::0", "rdmap32s27::3", "0000:10:1b.0"].repeat(10_000));
+        listed.extend(vec!["gone"; 10_000]);
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![pod("ml", "flood", "main", EFA, &listed)],
+        };
+        let holdings = derive(&response, EFA, &inventory, sharing);
+        assert_eq!(holdings.holders.len(), 2);
+        let named: Vec<&Arc<Holder>> = holdings.holders.values().flatten().collect();
+        assert_eq!(named.len(), 2, "one holder per EFA: {named:?}");
+        assert!(Arc::ptr_eq(named[0], named[1]), "and one name for both");
+        assert_eq!((holdings.foreign.len(), holdings.foreign_ids()), (1, 2));
+        assert_eq!(holdings.foreign[0].ids, ["0000:10:1b.0", "gone"]);
+        assert!(Arc::ptr_eq(&holdings.foreign[0].holder, named[0]));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_failed_poll_keeps_the_foreign_view_for_preferred_allocations_for_a_while() {
         let log = Log::default();
