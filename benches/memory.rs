@@ -110,16 +110,16 @@ fn scenarios() -> Vec<Scenario> {
             run: || Box::pin(flap(1780, 64, true)),
         },
         Scenario {
-            name: "613 EFAs x64, cdi, after a flap (cdi's most)",
-            run: || Box::pin(flap(613, 64, true)),
+            name: "497 EFAs x64, cdi, after a flap (cdi's most)",
+            run: || Box::pin(flap(497, 64, true)),
         },
         Scenario {
-            name: "1,780 EFAs x22, cdi, after a flap (cdi's most)",
-            run: || Box::pin(flap(1780, 22, true)),
+            name: "1,780 EFAs x17, cdi, after a flap (cdi's most)",
+            run: || Box::pin(flap(1780, 17, true)),
         },
         Scenario {
-            name: "613 EFAs x64, cdi, every replica held, a flap and a GPA",
-            run: || Box::pin(held(613, 64)),
+            name: "497 EFAs x64, cdi, every replica held, a flap and a GPA",
+            run: || Box::pin(held(497, 64)),
         },
         Scenario {
             name: "a 3.9 MiB answer: one container, one ID 340,000 times",
