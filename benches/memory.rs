@@ -14,6 +14,9 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use efa_device_plugin::proto::deviceplugin::{
+    ContainerPreferredAllocationRequest, PreferredAllocationRequest,
+};
 use efa_device_plugin::testkit::pod_resources_stub::PodResourcesStub;
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape};
 use support::{Harness, http_get, status_kib};
@@ -107,12 +110,24 @@ fn scenarios() -> Vec<Scenario> {
             run: || Box::pin(flap(1780, 64, true)),
         },
         Scenario {
-            name: "721 EFAs x64, cdi, after a flap (cdi's most)",
-            run: || Box::pin(flap(721, 64, true)),
+            name: "497 EFAs x64, cdi, after a flap (cdi's most)",
+            run: || Box::pin(flap(497, 64, true)),
         },
         Scenario {
-            name: "1,780 EFAs x25, cdi, after a flap (cdi's most)",
-            run: || Box::pin(flap(1780, 25, true)),
+            name: "1,780 EFAs x17, cdi, after a flap (cdi's most)",
+            run: || Box::pin(flap(1780, 17, true)),
+        },
+        Scenario {
+            name: "497 EFAs x64, cdi, every replica held, a flap and a GPA",
+            run: || Box::pin(held(497, 64)),
+        },
+        Scenario {
+            name: "a 3.9 MiB answer: one container, one ID 340,000 times",
+            run: || Box::pin(hostile_answer(340_000)),
+        },
+        Scenario {
+            name: "256 EFAs x64, 16 concurrent GPAs of 4,096 of 8,192 IDs",
+            run: || Box::pin(concurrent_gpa(16)),
         },
     ]
 }
@@ -205,6 +220,114 @@ async fn streams(streams: usize) -> Outcome {
 /// Unhealthy) and restored (every ID Healthy again), the kubelet reading each list.
 async fn flap(efas: u32, replicas: u32, cdi: bool) -> Outcome {
     let mut h = Harness::new(Shape::Dense(efas));
+    match flapped(&mut h, replicas, cdi).await {
+        Ok(ids) => peak(h, format!("{ids} IDs")),
+        Err(refused) => refused,
+    }
+}
+
+/// [`flap`] in cdi mode with `replicas` pods, each holding one replica of every EFA with the
+/// longest names, so every ID is held; then a GetPreferredAllocation of 8,192 of them.
+async fn held(efas: u32, replicas: u32) -> Outcome {
+    let mut h = Harness::new(Shape::Dense(efas));
+    let devices: Vec<FakeDevice> = h.efas().into_iter().cloned().collect();
+    let pods = support::pods_holding_every_efa(&devices, replicas as usize);
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let _stub = PodResourcesStub::start(&socket, pods).expect("PodResources stand-in");
+    let ids = match flapped(&mut h, replicas, true).await {
+        Ok(ids) => ids,
+        Err(refused) => return refused,
+    };
+    let offered: Vec<String> = h.kubelet.view().borrow().devices[..8192]
+        .iter()
+        .map(|d| d.id.clone())
+        .collect();
+    assert_eq!(h.prefer(offered, 64).await.len(), 64);
+    peak(h, format!("{ids} IDs, each held"))
+}
+
+/// One container listing one ID (an EFA's ibdev name) `times` times, with the longest names.
+async fn hostile_answer(times: usize) -> Outcome {
+    let mut h = Harness::new(Shape::P5);
+    let ibdev = h.efas()[0].ibdev.clone();
+    let listed = vec![ibdev.as_str(); times];
+    let mut pods = support::pods_holding_every_efa(&[], 1);
+    pods[0].containers[0].devices[0].device_ids =
+        listed.iter().map(|id| (*id).to_owned()).collect();
+    let bytes = prost::Message::encoded_len(&pods[0]);
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let _stub = PodResourcesStub::start(&socket, pods).expect("PodResources stand-in");
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    let address = h.metrics_address().await;
+    let held = format!("efa_device_allocation{{device=\"{ibdev}\"");
+    let mut attributed = false;
+    for _ in 0..20 {
+        let (_, text) = http_get(address, "/metrics").await;
+        attributed = text.contains(&held);
+        if attributed {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // More polls, each decoding the answer again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    peak(
+        h,
+        format!(
+            "{bytes}-byte answer; the holder {}",
+            if attributed { "named" } else { "not named" }
+        ),
+    )
+}
+
+/// `calls` GetPreferredAllocation calls at once, each offering every other ID of 256 EFAs
+/// shared 64 ways (8,192 IDs) for 4,096 of them.
+async fn concurrent_gpa(calls: usize) -> Outcome {
+    let mut h = Harness::new(Shape::Dense(256));
+    h.spawn_plugin(&["--sharing-replicas", "64"]);
+    let ids = 256 * 64;
+    let view = h
+        .wait("registration", |v| v.stream_open && v.devices.len() == ids)
+        .await;
+    let offered: Vec<String> = view
+        .devices
+        .iter()
+        .step_by(2)
+        .map(|d| d.id.clone())
+        .collect();
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..calls {
+        let mut client = h.kubelet.plugin().expect("plugin connection");
+        let request = PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: offered.clone(),
+                must_include_device_i_ds: Vec::new(),
+                allocation_size: 4096,
+            }],
+        };
+        set.spawn(async move { client.get_preferred_allocation(request).await });
+    }
+    for answer in set.join_all().await {
+        let answer = answer.expect("GetPreferredAllocation").into_inner();
+        assert_eq!(answer.container_responses[0].device_i_ds.len(), 4096);
+    }
+    let took = started.elapsed();
+    peak(h, format!("{calls} answers in {:.1} s", took.as_secs_f64()))
+}
+
+/// The plugin's peak so far; ends it.
+fn peak(mut h: Harness, detail: String) -> Outcome {
+    let kib = status_kib(h.plugin_pid(), "VmHWM");
+    h.terminate_plugin();
+    Outcome::Peak { kib, detail }
+}
+
+/// Registers `h`'s plugin with `replicas` per EFA, then removes every device node and restores
+/// them; the number of IDs, or the refusal at start.
+async fn flapped(h: &mut Harness, replicas: u32, cdi: bool) -> Result<usize, Outcome> {
+    let efas = h.efas().len();
     let replicas_arg = replicas.to_string();
     let cdi_dir = h.root.path().join("cdi").display().to_string();
     let mut args = vec!["--sharing-replicas", &replicas_arg];
@@ -212,14 +335,14 @@ async fn flap(efas: u32, replicas: u32, cdi: bool) -> Outcome {
         args.extend(["--device-list-strategy", "cdi", "--cdi-spec-dir", &cdi_dir]);
     }
     h.spawn_plugin(&args);
-    let ids = (efas * replicas) as usize;
+    let ids = efas * replicas as usize;
     let started = Instant::now();
     loop {
         if h.kubelet.view().borrow().devices.len() == ids {
             break;
         }
-        if let Some(line) = exited(&mut h) {
-            return Outcome::Refused(line);
+        if let Some(line) = exited(h) {
+            return Err(Outcome::Refused(line));
         }
         assert!(
             started.elapsed() < Duration::from_secs(60),
@@ -243,12 +366,7 @@ async fn flap(efas: u32, replicas: u32, cdi: bool) -> Outcome {
         .await;
     // Let the file writer and the streams settle on the last list.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let kib = status_kib(h.plugin_pid(), "VmHWM");
-    h.terminate_plugin();
-    Outcome::Peak {
-        kib,
-        detail: format!("{ids} IDs"),
-    }
+    Ok(ids)
 }
 
 /// The plugin's last log line if it has exited.

@@ -202,7 +202,7 @@ pub(crate) fn inotify_inits() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use crate::testkit::log::Log;
     use tokio::time::timeout;
 
     /// Whether `changed`, called before `change`, resolves soon after it.
@@ -250,43 +250,6 @@ mod tests {
             2,
             "the recreated dir is watched anew"
         );
-    }
-
-    /// What the code under test logs, as text.
-    #[derive(Clone, Default)]
-    struct Log(Arc<Mutex<Vec<u8>>>);
-
-    impl io::Write for Log {
-        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
-        }
-
-        fn flush(&mut self) -> io::Result<()> {
-            Ok(())
-        }
-    }
-
-    impl Log {
-        /// Captures what this thread logs until the guard is dropped.
-        fn capture(&self) -> tracing::subscriber::DefaultGuard {
-            let log = self.clone();
-            tracing::subscriber::set_default(
-                tracing_subscriber::fmt()
-                    .with_writer(move || log.clone())
-                    .with_ansi(false)
-                    .finish(),
-            )
-        }
-
-        fn warnings(&self) -> Vec<String> {
-            String::from_utf8(self.0.lock().unwrap().clone())
-                .unwrap()
-                .lines()
-                .filter(|line| line.contains("WARN"))
-                .map(str::to_owned)
-                .collect()
-        }
     }
 
     #[tokio::test]

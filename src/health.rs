@@ -731,16 +731,16 @@ mod tests {
     }
 
     fn holding(ids: &[&str]) -> Holdings {
-        let holder = crate::state::Holder {
+        let holder = Arc::new(crate::state::Holder {
             namespace: "ml".into(),
             pod: "trainer-0".into(),
             container: "main".into(),
-        };
+        });
         Holdings {
             known: true,
             holders: ids
                 .iter()
-                .map(|id| ((*id).to_owned(), vec![holder.clone()]))
+                .map(|id| ((*id).to_owned(), vec![Arc::clone(&holder)]))
                 .collect(),
             ..Holdings::default()
         }

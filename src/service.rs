@@ -210,12 +210,22 @@ const LIST_COPIES: usize = 3;
 /// What the CDI spec writer holds per advertised ID at its peak, when a change renders the spec
 /// again while the last one is kept: two texts of about 300 bytes per device, their growth
 /// slack, and the rendered devices (`benches/memory.rs`: 810 EFAs × 64 in cdi mode peaked at
-/// 52.5 MiB, 785 bytes per ID over the device-specs figure).
-const CDI_BYTES_PER_ID: usize = 800;
+/// 52.5 MiB, 785 bytes per ID over the device-specs figure, on a quiet host; 613 EFAs × 64
+/// peaked at 51.2 MiB on a busy one, where a slow reader keeps more lists and specs alive:
+/// 1,043 bytes per ID over the base and the lists).
+const CDI_BYTES_PER_ID: usize = 1050;
+
+/// What the PodResources view holds per advertised ID at its peak with every ID held: the
+/// kubelet's answer, received and decoded (a string per ID), and the view derived from it next
+/// to the one it replaces (an entry per EFA and container, the container's names shared by all
+/// its IDs). `benches/memory.rs`: 600 EFAs × 64 in cdi mode, every replica held by 64 pods with
+/// the longest names, through a flap and a GetPreferredAllocation, peaked 1.1 MiB over the
+/// same without holders (3.9 MiB in the worst of three runs: 30 to 106 bytes per ID).
+const HELD_BYTES_PER_ID: usize = 160;
 
 /// Refuses a sharing count under which the device list of `inventory` could exceed
 /// [`KUBELET_MESSAGE_LIMIT`], or the memory it takes at its peak (in cdi mode, with the spec
-/// writer's) the pod's limit. Sized for the worst case, every ID `Unhealthy` (the longest
+/// writer's; with every ID held, the PodResources view's) the pod's limit. Sized for the worst case, every ID `Unhealthy` (the longest
 /// health), so no health change can push a list that passed over either.
 pub(crate) fn check_sharing_fits(
     inventory: &Inventory,
@@ -231,7 +241,8 @@ pub(crate) fn check_sharing_fits(
     };
     let memory = |sharing: Sharing| {
         let ids = inventory.devices().len() * sharing.replicas.get() as usize;
-        BASE_MEMORY + LIST_COPIES * size(sharing) + if cdi { ids * CDI_BYTES_PER_ID } else { 0 }
+        let spec = if cdi { ids * CDI_BYTES_PER_ID } else { 0 };
+        BASE_MEMORY + LIST_COPIES * size(sharing) + spec + ids * HELD_BYTES_PER_ID
     };
     let fits = |sharing: Sharing| {
         size(sharing) <= KUBELET_MESSAGE_LIMIT && memory(sharing) <= LIST_MEMORY_BUDGET
@@ -280,6 +291,14 @@ fn to_device(id: String, record: &DeviceRecord) -> Device {
 /// millisecond, less than handing them to another thread would cost in latency.
 const INLINE_OFFER: usize = 512;
 
+/// Larger offers are answered one at a time, each on a blocking thread: one costs up to about
+/// 18 MiB at 256 EFAs × 64 replicas, and sixteen at once took the plugin past the pod's limit.
+/// The kubelet never has two in flight: it admits pods one at a time, and calls
+/// GetPreferredAllocation from inside an admission (`devicesToAllocate`, device manager), so a
+/// second caller at once is some other client, which waits its turn. Process-wide rather than
+/// per registration, so a request still running from before a kubelet restart counts too.
+static PREFERRING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(1);
+
 type ListStream = tokio_stream::Empty<Result<ListAndWatchResponse, Status>>;
 
 #[tonic::async_trait]
@@ -326,12 +345,20 @@ impl DevicePlugin for PluginService {
             ));
         }
         // The runtime has one thread: a large answer computed on it would hold up every other
-        // RPC and the probes for as long as it takes.
-        let allocator = self.allocator.clone();
-        tokio::task::spawn_blocking(move || allocator.preferred(&inventory, &request))
+        // RPC and the probes for as long as it takes. The turn goes with the computation, so a
+        // caller that gives up frees it only when the computation ends.
+        let turn = PREFERRING
+            .acquire()
             .await
-            .map(Response::new)
-            .map_err(|err| Status::internal(format!("GetPreferredAllocation failed: {err}")))
+            .map_err(|err| Status::internal(format!("GetPreferredAllocation failed: {err}")))?;
+        let allocator = self.allocator.clone();
+        tokio::task::spawn_blocking(move || {
+            let _turn = turn;
+            allocator.preferred(&inventory, &request)
+        })
+        .await
+        .map(Response::new)
+        .map_err(|err| Status::internal(format!("GetPreferredAllocation failed: {err}")))
     }
 
     async fn allocate(
@@ -573,6 +600,80 @@ mod tests {
         assert!((1..64).contains(&fitting), "{refused}");
         assert_eq!(fits(fitting, true), Ok(()));
         assert!(fits(fitting + 1, true).is_err());
+    }
+
+    /// Blocking-pool threads of this process named `name`.
+    fn threads_named(name: &str) -> usize {
+        std::fs::read_dir("/proc/self/task")
+            .unwrap()
+            .filter_map(|task| std::fs::read_to_string(task.ok()?.path().join("comm")).ok())
+            .filter(|comm| comm.trim_end() == name)
+            .count()
+    }
+
+    #[test]
+    fn large_preferred_allocations_are_computed_one_at_a_time() {
+        const POOL: &str = "gpa-turns-test";
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .thread_name(POOL)
+            .build()
+            .unwrap();
+        let sharing = shared(4);
+        let dense = Arc::new(inventory(Shape::Dense256));
+        let offered: Vec<String> = advertised(&dense, sharing).map(|d| d.id).collect();
+        assert!(offered.len() > INLINE_OFFER);
+        let dir = tempfile::tempdir().unwrap();
+        let contributors = crate::allocation::contributors(dir.path(), &Default::default());
+        let service = Arc::new(PluginService {
+            devices: watch::channel(dense).1,
+            allocator: Arc::new(
+                Allocator::new(Box::new(crate::allocation::DeviceSpecs), contributors)
+                    .with_sharing(sharing),
+            ),
+            hooks: Arc::default(),
+            stop: CancellationToken::new(),
+        });
+        let request = PreferredAllocationRequest {
+            container_requests: vec![
+                crate::proto::deviceplugin::ContainerPreferredAllocationRequest {
+                    available_device_i_ds: offered,
+                    must_include_device_i_ds: Vec::new(),
+                    allocation_size: 64,
+                },
+            ],
+        };
+        // Sixteen callers at once, as a client other than the kubelet may make them.
+        let answers = runtime.block_on(async {
+            let mut calls = tokio::task::JoinSet::new();
+            for _ in 0..16 {
+                let (service, request) = (service.clone(), Request::new(request.clone()));
+                calls.spawn(async move { service.get_preferred_allocation(request).await });
+            }
+            calls.join_all().await
+        });
+        for answer in answers {
+            assert_eq!(
+                answer.unwrap().into_inner().container_responses[0]
+                    .device_i_ds
+                    .len(),
+                64
+            );
+        }
+        // Each computation at once took a thread of its own; in turns, one thread serves them
+        // all (two, when a turn's next caller comes before its thread is idle again).
+        let threads = threads_named(POOL);
+        assert!((1..=2).contains(&threads), "{threads} blocking threads");
+    }
+
+    #[test]
+    fn the_budget_counts_the_pod_view_with_every_id_held() {
+        let origin = Origin::Flag("--sharing-replicas");
+        // Fits with the spec writer's share alone; with every ID held, 540 EFAs at 64 replicas
+        // would take about 6 MiB more than the pod's share has left.
+        let refused = check_sharing_fits(&inventory(Shape::Dense(540)), shared(64), &origin, true)
+            .unwrap_err()
+            .0;
+        assert!(refused.contains("in cdi mode need about"), "{refused}");
     }
 
     #[test]

@@ -345,14 +345,17 @@ pub struct Holder {
     pub container: String,
 }
 
-/// Device id → the containers holding it, sorted.
-pub type Holders = BTreeMap<String, Vec<Holder>>;
+/// Device id → the containers holding it, sorted, each named once: a container holding many
+/// IDs shares one [`Holder`] among them, so the view grows with the IDs held, not with their
+/// holders' names (up to 379 bytes each) times the IDs.
+pub type Holders = BTreeMap<String, Vec<Arc<Holder>>>;
 
 /// IDs a container holds under this plugin's resource name that this plugin does not advertise:
 /// given out by the AWS plugin, or by this one under another ID strategy or sharing count.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForeignHold {
-    pub holder: Holder,
+    pub holder: Arc<Holder>,
+    /// Sorted, each once.
     pub ids: Vec<String>,
 }
 
@@ -360,8 +363,11 @@ pub struct ForeignHold {
 /// poller alone, so nothing on the Allocate path waits on the kubelet.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Holdings {
-    /// Whether the kubelet answered the last time it was asked.
+    /// Whether this is what the kubelet said: its last answer, or one kept over failed polls.
     pub known: bool,
+    /// Whether the kubelet failed to answer since: the view is its last good answer, kept for
+    /// a bounded time ([`crate::telemetry::pod_resources::STALE_LIMIT`]).
+    pub stale: bool,
     /// Advertised device id → the containers holding it, under its own ID or a foreign one.
     pub holders: Holders,
     pub foreign: Vec<ForeignHold>,
@@ -744,11 +750,14 @@ mod tests {
     fn held(pairs: &[(&str, &str, &str)]) -> Holdings {
         let mut holders = Holders::new();
         for (device, pod, container) in pairs {
-            holders.entry((*device).into()).or_default().push(Holder {
-                namespace: "ml".into(),
-                pod: (*pod).into(),
-                container: (*container).into(),
-            });
+            holders
+                .entry((*device).into())
+                .or_default()
+                .push(Arc::new(Holder {
+                    namespace: "ml".into(),
+                    pod: (*pod).into(),
+                    container: (*container).into(),
+                }));
         }
         Holdings {
             known: true,

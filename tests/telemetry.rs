@@ -268,8 +268,8 @@ async fn an_info_series_names_each_container_that_holds_a_device() {
         "another resource's pod is not ours"
     );
 
-    // A kubelet that does not answer costs the allocations, once a poll has timed out, never
-    // the scrape: scrapes do not wait on the kubelet.
+    // A kubelet that does not answer never costs the scrape: scrapes do not wait on the
+    // kubelet. Once a poll has timed out, its last answer stays, marked stale.
     kubelet.stall();
     let started = Instant::now();
     let (status, _) = h.get("/metrics").await;
@@ -280,10 +280,11 @@ async fn an_info_series_names_each_container_that_holds_a_device() {
         started.elapsed()
     );
     let text = h
-        .scrape_until("the allocations gone", |t| {
-            !t.contains("efa_device_allocation")
+        .scrape_until("the view marked stale", |t| {
+            sample(t, "efa_device_plugin_pod_resources_stale") == Some(1.0)
         })
         .await;
+    assert_eq!(sample(&text, &held), Some(1.0), "{text}");
     assert_eq!(
         sample(&text, &hw("rx_bytes", &efas[0])),
         Some(4096.0),

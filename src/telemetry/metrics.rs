@@ -414,9 +414,13 @@ impl Collector for PluginCollector {
                 MetricType::Gauge,
             )?,
         )?;
-        let (foreign, unseen_by_dra) = {
+        let (foreign, unseen_by_dra, stale) = {
             let holdings = self.holdings.borrow();
-            (holdings.foreign_ids(), holdings.unseen_by_dra(&inventory))
+            (
+                holdings.foreign_ids(),
+                holdings.unseen_by_dra(&inventory),
+                holdings.stale,
+            )
         };
         let gauges = [
             (
@@ -438,6 +442,12 @@ impl Collector for PluginCollector {
                  on the node; the DRA driver cannot see them and may allocate them again, so \
                  drain their pods before DRA serves the node",
                 i64::try_from(unseen_by_dra).unwrap_or(i64::MAX),
+            ),
+            (
+                "efa_device_plugin_pod_resources_stale",
+                "1 while the kubelet's PodResources API fails and the pod view (allocations, \
+                 foreign IDs) is its last good answer, kept for at most 5 minutes",
+                i64::from(stale),
             ),
             (
                 "efa_device_plugin_rdma_netns_exclusive",

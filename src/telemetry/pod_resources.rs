@@ -4,6 +4,10 @@
 //! Polled in the background every rescan interval with a short deadline, into a
 //! [`Holdings`] snapshot that scrapes and GetPreferredAllocation read without waiting: a slow or
 //! absent kubelet costs the labels and the foreign-ID view, never a scrape or an allocation.
+//!
+//! A failed poll keeps the last answer, marked stale, for [`STALE_LIMIT`]: the kubelet's rate
+//! limiter, a slow answer or a kubelet restart must not make GetPreferredAllocation hand out
+//! EFAs that pods hold under foreign IDs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -11,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::sharing::{self, Sharing};
@@ -24,6 +29,23 @@ use crate::uds;
 
 /// How long one poll waits for the kubelet's answer.
 pub(crate) const LIST_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The largest answer read; a larger one fails the poll. gRPC's default receive limit, which
+/// the kubelet's own PodResources client keeps too: far above a real node's answer (every ID of
+/// the largest sharing start-up accepts, held, is about 2 MiB), and it bounds what a hostile
+/// answer can cost once decoded.
+pub(crate) const MAX_ANSWER: usize = 4 << 20;
+
+/// How long the last good answer stands in for failed polls (at least two rescan intervals).
+/// The kubelet's rate limiter (100 calls a second, a burst of 10) refuses for milliseconds, and
+/// a restarting kubelet serves PodResources again from its checkpoint within seconds, with the
+/// same holders. The view errs only one way while it is kept: foreign IDs come from pods of a
+/// previous plugin or strategy, which the kubelet never hands out again, so while the kubelet
+/// cannot be asked they can only end, and an EFA avoided a while too long costs a preference,
+/// where one forgotten is given to a second pod. Five minutes is the control plane's default
+/// for evicting the pods of a node whose kubelet stays away (`NotReady`/`Unreachable`
+/// tolerations of 300 s): past it the holders may be gone, and the view says it cannot tell.
+pub(crate) const STALE_LIMIT: Duration = Duration::from_secs(300);
 
 pub struct PodResources {
     socket: PathBuf,
@@ -64,7 +86,7 @@ impl PodResources {
                     tracing::warn!(
                         socket = %self.socket.display(),
                         error = %err,
-                        "cannot list pod resources; no efa_device_allocation series and foreign IDs go unseen"
+                        "cannot list pod resources; the last view is kept, stale, for 5 minutes, then efa_device_allocation series and foreign IDs go unseen"
                     );
                 }
                 self.last_ok = Some(false);
@@ -78,13 +100,15 @@ impl PodResources {
             .await
             .map_err(|err| format!("connecting: {err}"))?;
         PodResourcesListerClient::new(channel)
+            .max_decoding_message_size(MAX_ANSWER)
             .list(ListPodResourcesRequest {})
             .await
             .map(tonic::Response::into_inner)
             .map_err(|status| format!("List: {}", status.message()))
     }
 
-    /// Asks the kubelet now, for a decision that must not rest on a poll one interval old.
+    /// Asks the kubelet now, for a decision that must not rest on a poll one interval old. A
+    /// failed poll gives a view that is not `known`, never one in which nobody holds anything.
     pub(crate) async fn holdings_now(
         mut self,
         inventory: &Inventory,
@@ -106,28 +130,75 @@ impl PodResources {
         holdings: Arc<watch::Sender<Arc<Holdings>>>,
         shutdown: CancellationToken,
     ) {
-        let mut warned: BTreeSet<Pod> = BTreeSet::new();
-        let mut warned_dra: BTreeSet<Pod> = BTreeSet::new();
+        let mut view = View::new(STALE_LIMIT.max(interval * 2));
         let mut rescans = Rescans::every(interval, shutdown);
         loop {
             let inventory = state.current();
-            let next = match self.poll().await {
-                Some(response) => derive(&response, &self.resource_name, &inventory, sharing),
-                None => Holdings::default(),
-            };
-            warn_of_foreign(&next, &mut warned);
-            warn_of_dra(&next, &inventory, &mut warned_dra);
-            holdings.send_if_modified(|now| {
-                let changed = **now != next;
-                if changed {
-                    *now = Arc::new(next);
-                }
-                changed
-            });
+            let answer = self
+                .poll()
+                .await
+                .map(|response| derive(&response, &self.resource_name, &inventory, sharing));
+            let current = holdings.borrow().clone();
+            if let Some(next) = view.after(answer, &current, &inventory, Instant::now()) {
+                holdings.send_replace(Arc::new(next));
+            }
             if !rescans.due().await {
                 return;
             }
         }
+    }
+}
+
+/// What the background view shows after each poll, and whom it has warned of.
+struct View {
+    /// How long the last good answer is kept over failed polls.
+    trust: Duration,
+    last_good: Option<Instant>,
+    warned: BTreeSet<Pod>,
+    warned_dra: BTreeSet<Pod>,
+}
+
+impl View {
+    fn new(trust: Duration) -> Self {
+        View {
+            trust,
+            last_good: None,
+            warned: BTreeSet::new(),
+            warned_dra: BTreeSet::new(),
+        }
+    }
+
+    /// The view to publish after a poll that got `answer` (`None`: the kubelet could not be
+    /// asked), if it differs from `current`. Warnings follow what the kubelet said, so a view
+    /// it could not give forgets no pod: one that recovers warns of no pod again.
+    fn after(
+        &mut self,
+        answer: Option<Holdings>,
+        current: &Holdings,
+        inventory: &Inventory,
+        now: Instant,
+    ) -> Option<Holdings> {
+        let next = match answer {
+            Some(answer) => {
+                self.last_good = Some(now);
+                answer
+            }
+            None if self.last_good.is_some_and(|at| now - at <= self.trust) => {
+                if current.stale {
+                    return None;
+                }
+                Holdings {
+                    stale: true,
+                    ..current.clone()
+                }
+            }
+            None => Holdings::default(),
+        };
+        if next.known {
+            warn_of_foreign(&next, &mut self.warned);
+            warn_of_dra(&next, inventory, &mut self.warned_dra);
+        }
+        (*current != next).then_some(next)
     }
 }
 
@@ -197,37 +268,39 @@ pub(crate) fn derive(
     };
     for pod in &response.pod_resources {
         for container in &pod.containers {
-            let holder = Holder {
-                namespace: pod.namespace.clone(),
-                pod: pod.name.clone(),
-                container: container.name.clone(),
-            };
-            let mut foreign = Vec::new();
-            let ids = container
+            // Each ID once, however often the answer lists it.
+            let ids: BTreeSet<&str> = container
                 .devices
                 .iter()
                 .filter(|d| d.resource_name == resource_name)
-                .flat_map(|d| &d.device_ids);
+                .flat_map(|d| &d.device_ids)
+                .map(String::as_str)
+                .collect();
+            if ids.is_empty() {
+                continue;
+            }
+            let holder = Arc::new(Holder {
+                namespace: pod.namespace.clone(),
+                pod: pod.name.clone(),
+                container: container.name.clone(),
+            });
+            let mut foreign = Vec::new();
             for id in ids {
                 let advertised = sharing
                     .parse(id)
                     .is_some_and(|(device, _)| inventory.get(device).is_some());
                 let device = names.device_of(id);
                 if let Some(device) = device {
-                    holdings
-                        .holders
-                        .entry(device.to_owned())
-                        .or_default()
-                        .push(holder.clone());
+                    hold(&mut holdings, device, &holder);
                 }
                 if !advertised {
-                    foreign.push(id.clone());
+                    foreign.push(id.to_owned());
                     holdings.foreign_devices.extend(device.map(str::to_owned));
                 }
             }
             if !foreign.is_empty() {
                 holdings.foreign.push(ForeignHold {
-                    holder: holder.clone(),
+                    holder,
                     ids: foreign,
                 });
             }
@@ -238,6 +311,19 @@ pub(crate) fn derive(
         list.dedup();
     }
     holdings
+}
+
+/// Records `holder` as holding `device`, once for the replicas of one EFA it holds in a row.
+fn hold(holdings: &mut Holdings, device: &str, holder: &Arc<Holder>) {
+    match holdings.holders.get_mut(device) {
+        Some(list) if list.last().is_some_and(|last| Arc::ptr_eq(last, holder)) => {}
+        Some(list) => list.push(holder.clone()),
+        None => {
+            holdings
+                .holders
+                .insert(device.to_owned(), vec![holder.clone()]);
+        }
+    }
 }
 
 /// Every name an EFA may be held under, whichever plugin or strategy gave it out: its ibdev
@@ -265,18 +351,155 @@ mod tests {
     use std::num::NonZeroU32;
 
     use super::*;
+    use crate::allocation::{self, Allocator, DeviceSpecs};
     use crate::discovery::DeviceIdStrategy;
-    use crate::testkit::pod_resources_stub::pod;
+    use crate::proto::deviceplugin::{
+        ContainerPreferredAllocationRequest, PreferredAllocationRequest,
+    };
+    use crate::state::DeviceState;
+    use crate::testkit::log::Log;
+    use crate::testkit::pod_resources_stub::{PodResourcesStub, pod};
     use crate::testkit::simulate::{Shape, inventory_named};
 
     const EFA: &str = "vpc.amazonaws.com/efa";
+    const INTERVAL: Duration = Duration::from_secs(5);
+    /// Long enough for a whole poll to start and end after a change.
+    const A_POLL: Duration = INTERVAL.saturating_add(LIST_TIMEOUT.saturating_mul(2));
 
-    fn holder(pod: &str) -> Holder {
-        Holder {
+    /// The GetPreferredAllocation answer for 2 of `offered`, as the allocator gives it.
+    fn prefer(allocator: &Allocator, state: &DeviceState, offered: &[String]) -> Vec<String> {
+        let request = PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: offered.to_vec(),
+                must_include_device_i_ds: Vec::new(),
+                allocation_size: 2,
+            }],
+        };
+        let mut answer = allocator.preferred(&state.current(), &request);
+        answer.container_responses.remove(0).device_i_ds
+    }
+
+    /// Waits (on paused time, polls included) until the view satisfies `ok`.
+    async fn view_until(
+        holdings: &watch::Sender<Arc<Holdings>>,
+        ok: impl FnMut(&Arc<Holdings>) -> bool,
+    ) -> Arc<Holdings> {
+        let mut view = holdings.subscribe();
+        let waited = tokio::time::timeout(STALE_LIMIT * 2, view.wait_for(ok)).await;
+        waited.expect("the view in time").unwrap().clone()
+    }
+
+    #[test]
+    fn a_container_is_named_once_however_many_ids_it_lists() {
+        let inventory = inventory_named(Shape::P4d, DeviceIdStrategy::Ibdev);
+        let sharing = Sharing::replicas(NonZeroU32::new(4).unwrap());
+        // A hostile answer lists one ID of each kind over and over: an advertised replica, a
+        // foreign name of the same EFA, and one no EFA here is called.
+        let mut listed = vec!["rdmap16s27::1"; 10_000];
+        listed.extend(["rdmap32s27::0", "rdmap32s27::3", "0000:10:1b.0"].repeat(10_000));
+        listed.extend(vec!["gone"; 10_000]);
+        let response = ListPodResourcesResponse {
+            pod_resources: vec![pod("ml", "flood", "main", EFA, &listed)],
+        };
+        let holdings = derive(&response, EFA, &inventory, sharing);
+        assert_eq!(holdings.holders.len(), 2);
+        let named: Vec<&Arc<Holder>> = holdings.holders.values().flatten().collect();
+        assert_eq!(named.len(), 2, "one holder per EFA: {named:?}");
+        assert!(Arc::ptr_eq(named[0], named[1]), "and one name for both");
+        assert_eq!((holdings.foreign.len(), holdings.foreign_ids()), (1, 2));
+        assert_eq!(holdings.foreign[0].ids, ["0000:10:1b.0", "gone"]);
+        assert!(Arc::ptr_eq(&holdings.foreign[0].holder, named[0]));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_poll_keeps_the_foreign_view_for_preferred_allocations_for_a_while() {
+        let log = Log::default();
+        let _logging = log.capture();
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("pod-resources/kubelet.sock");
+        let by_pci = inventory_named(Shape::P4d, DeviceIdStrategy::Pci);
+        let efas: Vec<_> = by_pci.devices().map(|r| r.efa.clone()).collect();
+        // A pod started under the AWS plugin holds the two NUMA-0 EFAs by their ibdev names.
+        let pods = vec![pod(
+            "ml",
+            "aws",
+            "main",
+            EFA,
+            &[&efas[0].ibdev, &efas[1].ibdev],
+        )];
+        let mut kubelet = PodResourcesStub::start(&socket, pods.clone()).unwrap();
+        let state = DeviceState::default();
+        state.apply(by_pci.devices().cloned().collect());
+        let holdings = Arc::new(watch::Sender::new(Arc::<Holdings>::default()));
+        let shutdown = CancellationToken::new();
+        let poller = tokio::spawn(PodResources::new(socket.clone(), EFA.into()).run(
+            state.reader(),
+            Sharing::default(),
+            INTERVAL,
+            holdings.clone(),
+            shutdown.clone(),
+        ));
+        let contributors = allocation::contributors(dir.path(), &BTreeMap::new());
+        let allocator =
+            Allocator::new(Box::new(DeviceSpecs), contributors).with_holdings(holdings.subscribe());
+        let offered: Vec<String> = efas.iter().map(|e| e.id.clone()).collect();
+        let free = [efas[2].id.clone(), efas[3].id.clone()];
+
+        let fresh = view_until(&holdings, |v| v.known).await;
+        assert_eq!((fresh.foreign_ids(), fresh.stale), (2, false));
+        assert_eq!(prefer(&allocator, &state, &offered), free);
+
+        // The kubelet's rate limiter, an answer past the deadline, a kubelet restart that
+        // takes its socket away for a while: each keeps the last view, marked stale.
+        for blip in ["rate-limited", "slow"] {
+            match blip {
+                "rate-limited" => kubelet.refuse(tonic::Code::ResourceExhausted),
+                _ => kubelet.stall(),
+            }
+            tokio::time::sleep(A_POLL).await;
+            assert_eq!(prefer(&allocator, &state, &offered), free, "{blip}");
+            let stale = holdings.borrow().clone();
+            assert!(stale.stale, "{blip}: {stale:?}");
+            assert_eq!((stale.known, stale.foreign_ids()), (true, 2), "{blip}");
+            assert_eq!(stale.holders, fresh.holders, "{blip}");
+            kubelet.recover();
+            assert_eq!(*view_until(&holdings, |v| !v.stale).await, *fresh, "{blip}");
+        }
+        drop(kubelet);
+        std::fs::remove_file(&socket).unwrap();
+        tokio::time::sleep(A_POLL).await;
+        assert_eq!(prefer(&allocator, &state, &offered), free, "restarting");
+        assert!(holdings.borrow().stale);
+        kubelet = PodResourcesStub::start(&socket, pods.clone()).unwrap();
+        assert_eq!(*view_until(&holdings, |v| !v.stale).await, *fresh);
+
+        // A kubelet away for longer than the view is trusted leaves it unknown; its return
+        // brings the same pods back, of whom no one is warned again.
+        kubelet.refuse(tonic::Code::Unavailable);
+        let since = Instant::now();
+        view_until(&holdings, |v| v.stale).await;
+        let unknown = view_until(&holdings, |v| !v.known).await;
+        assert!(since.elapsed() > STALE_LIMIT, "{:?}", since.elapsed());
+        assert_eq!(*unknown, Holdings::default());
+        kubelet.recover();
+        assert_eq!(*view_until(&holdings, |v| v.known).await, *fresh);
+        let warned: Vec<String> = log
+            .warnings()
+            .into_iter()
+            .filter(|line| line.contains("IDs this plugin does not advertise"))
+            .collect();
+        assert_eq!(warned.len(), 1, "{warned:#?}");
+
+        shutdown.cancel();
+        poller.await.unwrap();
+    }
+
+    fn holder(pod: &str) -> Arc<Holder> {
+        Arc::new(Holder {
             namespace: "ml".into(),
             pod: pod.into(),
             container: "main".into(),
-        }
+        })
     }
 
     #[test]

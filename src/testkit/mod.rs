@@ -6,5 +6,6 @@
 
 pub mod frozen;
 pub mod kubelet_stub;
+pub mod log;
 pub mod pod_resources_stub;
 pub mod simulate;

@@ -2,12 +2,12 @@
 //! the tests of pod attribution. Only `List` is served: it is all the plugin asks.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 
 use crate::proto::podresources::{
     AllocatableResourcesRequest, AllocatableResourcesResponse, ContainerDevices,
@@ -43,6 +43,7 @@ pub fn pod(
 
 pub struct PodResourcesStub {
     stall: Arc<AtomicBool>,
+    refuse: Arc<Mutex<Option<Code>>>,
     stop: CancellationToken,
 }
 
@@ -54,22 +55,40 @@ impl PodResourcesStub {
         }
         let listener = uds::bind(socket)?;
         let stall = Arc::new(AtomicBool::new(false));
+        let refuse = Arc::new(Mutex::new(None));
         let stop = CancellationToken::new();
         let service = Lister {
             pods,
             stall: stall.clone(),
+            refuse: refuse.clone(),
         };
         uds::spawn_server(
             listener,
             PodResourcesListerServer::new(service),
             stop.clone(),
         );
-        Ok(PodResourcesStub { stall, stop })
+        Ok(PodResourcesStub {
+            stall,
+            refuse,
+            stop,
+        })
     }
 
     /// From now on `List` hangs, as an overloaded kubelet's would.
     pub fn stall(&self) {
         self.stall.store(true, Ordering::SeqCst);
+    }
+
+    /// From now on `List` fails with `code`, as the kubelet's rate limiter answers
+    /// (`RESOURCE_EXHAUSTED`, "rejected by rate limit") when asked too often.
+    pub fn refuse(&self, code: Code) {
+        *self.refuse.lock().unwrap() = Some(code);
+    }
+
+    /// From now on `List` answers at once again.
+    pub fn recover(&self) {
+        self.stall.store(false, Ordering::SeqCst);
+        *self.refuse.lock().unwrap() = None;
     }
 }
 
@@ -82,6 +101,7 @@ impl Drop for PodResourcesStub {
 struct Lister {
     pods: Vec<PodResources>,
     stall: Arc<AtomicBool>,
+    refuse: Arc<Mutex<Option<Code>>>,
 }
 
 #[tonic::async_trait]
@@ -90,6 +110,9 @@ impl PodResourcesLister for Lister {
         &self,
         _: Request<ListPodResourcesRequest>,
     ) -> Result<Response<ListPodResourcesResponse>, Status> {
+        if let Some(code) = *self.refuse.lock().unwrap() {
+            return Err(Status::new(code, "rejected by rate limit"));
+        }
         if self.stall.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_secs(60)).await;
         }
