@@ -27,6 +27,7 @@ source "$HERE/cluster/health.sh"
 source "$HERE/cluster/prometheus.sh"
 source "$HERE/cluster/migration.sh"
 source "$HERE/cluster/cdi-restart.sh"
+source "$HERE/cluster/gdrdrv.sh"
 source "$HERE/cluster/dra.sh"
 source "$HERE/cluster/arm64.sh"
 NODE=efa-e2e
@@ -370,6 +371,7 @@ cluster_cases() {
 	run_case "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
 	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
 	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
+	run_case "(16) extra-device-nodes: a Job sees /dev/gdrdrv next to exactly its 2 uverbs nodes" case_gdrdrv
 	dra_cases
 	arm64_cases
 }
