@@ -23,8 +23,17 @@ fn register_dranet(h: &Harness) -> (UnixListener, PathBuf) {
     (UnixListener::bind(&socket).unwrap(), socket)
 }
 
+/// The conflict gauge, labelled with the driver while there is one.
 fn conflict(text: &str) -> Option<f64> {
-    sample(text, "efa_device_plugin_dra_conflict")
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix("efa_device_plugin_dra_conflict")?;
+        let value = rest.strip_prefix(' ').or_else(|| {
+            rest.strip_prefix("{driver=\"")?
+                .split_once("\"} ")
+                .map(|(_, value)| value)
+        })?;
+        value.trim().parse().ok()
+    })
 }
 
 #[tokio::test]
@@ -297,8 +306,17 @@ async fn aws_networking_dra_driver_is_watched_by_default_and_named() {
         v.healthy() == 0 && v.devices.len() == 4
     })
     .await;
-    h.scrape_until("the conflict metric", |t| conflict(t) == Some(1.0))
+    let text = h
+        .scrape_until("the conflict metric", |t| conflict(t) == Some(1.0))
         .await;
+    assert_eq!(
+        sample(
+            &text,
+            "efa_device_plugin_dra_conflict{driver=\"dra.networking.k8s.aws\"}"
+        ),
+        Some(1.0),
+        "the gauge names the driver"
+    );
     let refused = h.allocate(&[&[&id]]).await.unwrap_err();
     assert!(
         refused
@@ -309,8 +327,9 @@ async fn aws_networking_dra_driver_is_watched_by_default_and_named() {
     );
     let log = h.plugin_log();
     assert!(
-        log.contains("dra.networking.k8s.aws-reg.sock"),
-        "the log names the socket\n{log}"
+        log.contains("dra.networking.k8s.aws-reg.sock")
+            && log.contains("\"driver\":\"dra.networking.k8s.aws\""),
+        "the log names the driver and its socket\n{log}"
     );
 
     let mut args = support::node_args(&h.node);
