@@ -855,6 +855,28 @@ mod tests {
     }
 
     #[test]
+    fn efa4_devices_show_driver_3_3_identity_rate_and_counters_in_sysfs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, devices) = FakeNode::build(dir.path(), Shape::P6B300Efa4, Nodes::Files).unwrap();
+        assert_eq!(devices.len(), 16);
+        let class = node.sysfs.join("class/infiniband").join(&devices[0].ibdev);
+        let read = |rel: &str| fs::read_to_string(class.join(rel)).unwrap();
+        assert_eq!(read("device/device"), "0xefa4\n");
+        assert_eq!(read("ports/1/rate"), "1600 Gb/sec (8X XDR)\n");
+        for counter in [
+            "rdma_read_wr_err",
+            "rdma_write_wr_err",
+            "retrans_timeout_events",
+        ] {
+            assert_eq!(read(&format!("ports/1/hw_counters/{counter}")), "0\n");
+        }
+        // Older generations keep their rate and counters.
+        let p6b300 = &efas_of(Shape::P6B300)[0];
+        assert_eq!(p6b300.rate(), "100 Gb/sec (4X EDR)");
+        assert!(!p6b300.port_counters().any(|c| c == "rdma_read_wr_err"));
+    }
+
+    #[test]
     fn g7_hpc7g_and_gb200_layouts() {
         let g7: Vec<String> = efas_of(Shape::G7).into_iter().map(|d| d.ibdev).collect();
         assert_eq!(g7, ["rdmap83s0", "rdmap176s0"]);
