@@ -46,8 +46,9 @@ gdrdrv_cleanup() {
 
 case_gdrdrv() {
 	local pod uid ids got want
+	# A real GDRCopy on the suite's host is left alone.
+	[[ ! -e $GDRDRV ]] || { REASON="$GDRDRV exists on this host; the case makes its own"; return 1; }
 	uninstall_plugin || return 1
-	rm -f "$GDRDRV"
 	mknod -m 666 "$GDRDRV" c "$GDRDRV_MAJOR" 0 || { REASON="cannot create $GDRDRV"; return 1; }
 	gdrdrv_values >"$T/values-gdrdrv.yaml" || { REASON="cannot write the chart values"; gdrdrv_cleanup; return 1; }
 	helm template gdrdrv "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$T/values-gdrdrv.yaml" >"$T/helm-gdrdrv.yaml"
