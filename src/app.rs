@@ -54,11 +54,23 @@ impl Plugin {
             return Ok(());
         };
         let strategy = Strategy::of(settings)?;
-        let contributors = allocation::contributors(&settings.dev_root, &settings.allocate.env);
+        // Looked up before the first Allocate or CDI spec can name them.
+        let (lookup, extra) = crate::extra_nodes::Lookup::start(
+            settings.dev_root.clone(),
+            settings.extra_device_nodes.clone(),
+        );
+        let contributors =
+            allocation::contributors(&settings.dev_root, &settings.allocate.env, extra);
         let allocations = Arc::new(AllocationMetrics::default());
-        let tasks = self
+        let mut tasks = self
             .start_writers(settings, &strategy, &contributors, &allocations, &shutdown)
             .await?;
+        if !settings.extra_device_nodes.is_empty() {
+            tasks.spawn(
+                "extra device node look-up",
+                lookup.run(settings.rescan_interval, shutdown.clone()),
+            );
+        }
         let allocator = self.allocator(settings, strategy, contributors, allocations);
         self.serve_kubelet(settings, allocator, tasks, shutdown)
             .await

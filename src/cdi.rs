@@ -340,7 +340,11 @@ mod tests {
         SpecSettings {
             kind: Kind::of("vpc.amazonaws.com/efa").unwrap(),
             sharing: Sharing::replicas(NonZeroU32::new(replicas).unwrap()),
-            contributors: allocation::contributors(Path::new("/dev"), &env),
+            contributors: allocation::contributors(
+                Path::new("/dev"),
+                &env,
+                allocation::FoundNodes::none(),
+            ),
         }
     }
 

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::rescan::Rescans;
-use crate::state::DeviceState;
+use crate::state::{Conflict, DeviceState};
 
 /// While a conflict lasts it is logged again this often, so it is in any recent log excerpt.
 const REMIND_EVERY: Duration = Duration::from_secs(60);
@@ -156,13 +156,18 @@ impl Guard {
         if self.trouble.take().is_some() {
             tracing::info!(dir = %self.dir.display(), "the plugins_registry dir can be listed again");
         }
-        let conflict =
-            found.map(|(driver, socket)| describe(&driver, &socket, &self.resource_name));
+        let conflict = found.map(|(driver, socket)| Conflict {
+            reason: describe(&driver, &socket, &self.resource_name),
+            driver,
+        });
         let now = Instant::now();
         let changed = self.state.set_conflict(conflict.clone());
         match conflict {
-            Some(reason) if changed || self.last_logged.is_none_or(|t| now - t >= REMIND_EVERY) => {
+            Some(Conflict { driver, reason })
+                if changed || self.last_logged.is_none_or(|t| now - t >= REMIND_EVERY) =>
+            {
                 tracing::error!(
+                    driver = %driver,
                     conflict = %reason,
                     devices = self.state.current().devices().len(),
                     "every EFA is withheld from allocation"
@@ -249,7 +254,10 @@ mod tests {
         let mut guard = guard(Path::new("/nonexistent"));
         guard.find = gated(gate, calls.clone());
         let reason = "dra.net at /x".to_owned();
-        guard.state.set_conflict(Some(reason.clone()));
+        guard.state.set_conflict(Some(Conflict {
+            driver: "dra.net".to_owned(),
+            reason: reason.clone(),
+        }));
         let started = std::time::Instant::now();
         for _ in 0..500 {
             guard.refresh().await;

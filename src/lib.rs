@@ -14,6 +14,7 @@ pub(crate) mod conflict;
 #[cfg(feature = "demo")]
 pub mod demo;
 pub mod discovery;
+pub(crate) mod extra_nodes;
 pub(crate) mod fsread;
 pub(crate) mod fswatch;
 pub mod health;

@@ -623,7 +623,11 @@ mod tests {
         let offered: Vec<String> = advertised(&dense, sharing).map(|d| d.id).collect();
         assert!(offered.len() > INLINE_OFFER);
         let dir = tempfile::tempdir().unwrap();
-        let contributors = crate::allocation::contributors(dir.path(), &Default::default());
+        let contributors = crate::allocation::contributors(
+            dir.path(),
+            &Default::default(),
+            crate::allocation::FoundNodes::none(),
+        );
         let service = Arc::new(PluginService {
             devices: watch::channel(dense).1,
             allocator: Arc::new(

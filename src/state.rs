@@ -76,9 +76,17 @@ pub struct Inventory {
     /// The health monitor's own verdicts, kept so a device's health returns when a conflict ends.
     observed: BTreeMap<String, DeviceRecord>,
     /// Why nothing may be allocated on this node right now (another driver owns the EFAs).
-    conflict: Option<String>,
+    conflict: Option<Conflict>,
     /// The RDMA subsystem hides the EFAs from every network namespace but the host's.
     netns_exclusive: bool,
+}
+
+/// A DRA driver registered on the node that allocates the same EFAs, and why that withholds
+/// every device: the driver for the gauge's label, the reason for the kubelet and `list`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Conflict {
+    pub driver: String,
+    pub reason: String,
 }
 
 /// What a new observation changed, for logging each change once.
@@ -130,7 +138,12 @@ impl Inventory {
     }
 
     pub fn conflict(&self) -> Option<&str> {
-        self.conflict.as_deref()
+        self.conflict.as_ref().map(|c| c.reason.as_str())
+    }
+
+    /// The DRA driver the conflict is with, if there is one.
+    pub fn conflicting_driver(&self) -> Option<&str> {
+        self.conflict.as_ref().map(|c| c.driver.as_str())
     }
 
     pub fn netns_exclusive(&self) -> bool {
@@ -139,8 +152,8 @@ impl Inventory {
 
     /// Rebuilds what is advertised; a conflict hides every device's own verdict without
     /// losing it.
-    fn with(observed: BTreeMap<String, DeviceRecord>, conflict: Option<String>) -> Inventory {
-        let devices = match &conflict {
+    fn with(observed: BTreeMap<String, DeviceRecord>, conflict: Option<Conflict>) -> Inventory {
+        let devices = match conflict.as_ref().map(|c| &c.reason) {
             None => observed.clone(),
             Some(reason) => observed
                 .iter()
@@ -493,7 +506,7 @@ impl DeviceState {
 
     /// Sets or clears the reason every device is withheld from allocation; returns whether
     /// that changed.
-    pub fn set_conflict(&self, conflict: Option<String>) -> bool {
+    pub fn set_conflict(&self, conflict: Option<Conflict>) -> bool {
         self.shared.tx.send_if_modified(|current| {
             if current.conflict == conflict {
                 return false;
@@ -524,6 +537,13 @@ impl DeviceState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn conflict(reason: &str) -> Option<Conflict> {
+        Some(Conflict {
+            driver: "dra.net".into(),
+            reason: reason.into(),
+        })
+    }
     use crate::discovery::DevNum;
 
     fn record(id: &str, verdict: Verdict) -> DeviceRecord {
@@ -561,7 +581,7 @@ mod tests {
             record("a", Verdict::healthy()),
             record("b", Verdict::unhealthy("node missing")),
         ]);
-        assert!(state.set_conflict(Some("dra.net owns the EFAs".into())));
+        assert!(state.set_conflict(conflict("dra.net owns the EFAs")));
         let inventory = state.current();
         assert_eq!(inventory.healthy_count(), 0);
         assert_eq!(inventory.devices().len(), 2, "capacity stays visible");
@@ -570,7 +590,7 @@ mod tests {
             inventory.get("a").and_then(|d| d.verdict.reason.as_deref()),
             Some("dra.net owns the EFAs")
         );
-        assert!(!state.set_conflict(Some("dra.net owns the EFAs".into())));
+        assert!(!state.set_conflict(conflict("dra.net owns the EFAs")));
 
         assert!(state.set_conflict(None));
         assert_eq!(
@@ -586,7 +606,7 @@ mod tests {
     fn observations_during_a_conflict_report_the_devices_own_changes() {
         let state = DeviceState::default();
         state.apply(vec![record("a", Verdict::healthy())]);
-        state.set_conflict(Some("conflict".into()));
+        state.set_conflict(conflict("conflict"));
         // The device's own health did not change, so there is nothing to log.
         assert!(
             state
@@ -783,7 +803,7 @@ mod tests {
         assert_eq!(holdings.unseen_by_dra(&state.current()), 0);
         assert!(holdings.pods_unseen_by_dra(&state.current()).is_empty());
 
-        state.set_conflict(Some("dra.net".into()));
+        state.set_conflict(conflict("dra.net"));
         assert_eq!(holdings.unseen_by_dra(&state.current()), 2);
         let pods = holdings.pods_unseen_by_dra(&state.current());
         assert_eq!(

@@ -743,3 +743,19 @@ fn the_kubelets_socket_or_the_plugins_own_is_refused_as_a_competitor() {
         );
     }
 }
+
+/// Driver 3.3.0's `0xefa4` devices at 1600 Gb/s: found, healthy and shown with their ID.
+#[test]
+fn list_shows_driver_3_3_efa4_devices() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = FakeNode::build(dir.path(), Shape::P6B300Efa4, node_kind()).unwrap();
+    let (code, stdout, stderr) = run_on(&node, &["list"]);
+    assert_eq!(code, 0, "{stderr}");
+    let rows: Vec<&str> = stdout.lines().skip(1).collect();
+    assert_eq!(rows.len(), 16, "{stdout}");
+    assert!(
+        rows.iter()
+            .all(|r| r.contains("0x1d0f:0xefa4") && r.contains("Healthy")),
+        "{stdout}"
+    );
+}

@@ -23,8 +23,17 @@ fn register_dranet(h: &Harness) -> (UnixListener, PathBuf) {
     (UnixListener::bind(&socket).unwrap(), socket)
 }
 
+/// The conflict gauge, labelled with the driver while there is one.
 fn conflict(text: &str) -> Option<f64> {
-    sample(text, "efa_device_plugin_dra_conflict")
+    text.lines().find_map(|line| {
+        let rest = line.strip_prefix("efa_device_plugin_dra_conflict")?;
+        let value = rest.strip_prefix(' ').or_else(|| {
+            rest.strip_prefix("{driver=\"")?
+                .split_once("\"} ")
+                .map(|(_, value)| value)
+        })?;
+        value.trim().parse().ok()
+    })
 }
 
 #[tokio::test]
@@ -277,4 +286,75 @@ async fn the_registry_dir_may_come_and_go() {
     let (_again, _) = register_dranet(&h);
     h.wait("the conflict in the recreated dir", |v| v.healthy() == 0)
         .await;
+}
+
+/// AWS's networking DRA driver (`dra.networking.k8s.aws`) serves EFAs as well as RoCE and ENA,
+/// picked per device by `dra.vpc.amazonaws.com/deviceType`; the plugin cannot read its
+/// ResourceSlices, so by default its registration withholds every EFA, as DRANET's does, and
+/// the log, the refusal and `list` name it.
+#[tokio::test]
+async fn aws_networking_dra_driver_is_watched_by_default_and_named() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&["--log-format", "json"]);
+    h.registered().await;
+    let id = h.efas()[0].ibdev.clone();
+
+    // The name the DRA helper library gives the driver's registration socket.
+    let socket = registry(&h).join("dra.networking.k8s.aws-reg.sock");
+    let listener = UnixListener::bind(&socket).unwrap();
+    h.wait("every device withheld", |v| {
+        v.healthy() == 0 && v.devices.len() == 4
+    })
+    .await;
+    let text = h
+        .scrape_until("the conflict metric", |t| conflict(t) == Some(1.0))
+        .await;
+    assert_eq!(
+        sample(
+            &text,
+            "efa_device_plugin_dra_conflict{driver=\"dra.networking.k8s.aws\"}"
+        ),
+        Some(1.0),
+        "the gauge names the driver"
+    );
+    let refused = h.allocate(&[&[&id]]).await.unwrap_err();
+    assert!(
+        refused
+            .message()
+            .contains("DRA driver dra.networking.k8s.aws"),
+        "{}",
+        refused.message()
+    );
+    let log = h.plugin_log();
+    assert!(
+        log.contains("dra.networking.k8s.aws-reg.sock")
+            && log.contains("\"driver\":\"dra.networking.k8s.aws\""),
+        "the log names the driver and its socket\n{log}"
+    );
+
+    let mut args = support::node_args(&h.node);
+    args.extend([
+        "--plugins-registry-dir".to_owned(),
+        registry(&h).display().to_string(),
+        "list".to_owned(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, stdout, stderr) = support::run_binary(&args, &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(
+        stderr.starts_with("warning: DRA driver dra.networking.k8s.aws is registered"),
+        "{stderr}"
+    );
+    assert_eq!(stdout.matches("Unhealthy").count(), 4, "{stdout}");
+
+    drop(listener);
+    std::fs::remove_file(&socket).unwrap();
+    h.wait("devices back", |v| v.healthy() == 4).await;
+
+    // Where it serves only RoCE or ENA, an operator drops it from the list.
+    let mut h = Harness::new(Shape::P4d);
+    let _listener =
+        UnixListener::bind(registry(&h).join("dra.networking.k8s.aws-reg.sock")).unwrap();
+    h.spawn_plugin(&["--dra-drivers", "dra.net"]);
+    assert_eq!(h.registered().await.healthy(), 4);
 }

@@ -127,7 +127,7 @@ fn a_drifted_readme_row_is_found() {
     assert_eq!(
         renamed,
         [
-            "--dra-drivers is not in the README: Row { env: \"EFA_DP_DRA_DRIVERS\", file_key: Some(\"dra-drivers\"), default: Some(\"dra.net\") }",
+            "--dra-drivers is not in the README: Row { env: \"EFA_DP_DRA_DRIVERS\", file_key: Some(\"dra-drivers\"), default: Some(\"dra.net,dra.networking.k8s.aws\") }",
             "--dra-driver is in the README but not in the binary",
         ]
     );

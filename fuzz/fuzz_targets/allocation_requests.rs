@@ -93,7 +93,11 @@ fuzz_target!(|input: Input| {
     let inventory = Inventory::default().observe(records).0;
     let ids: Vec<String> = inventory.devices().map(|r| r.efa.id.clone()).collect();
     let advertised: Vec<String> = ids.iter().flat_map(|id| sharing.advertised(id)).collect();
-    let contributors = allocation::contributors(Path::new("/dev"), &BTreeMap::new());
+    let contributors = allocation::contributors(
+        Path::new("/dev"),
+        &BTreeMap::new(),
+        allocation::FoundNodes::none(),
+    );
     let allocator = Allocator::new(Box::new(DeviceSpecs), contributors).with_sharing(sharing);
 
     let request = AllocateRequest {

@@ -115,14 +115,20 @@ impl Contributors {
     }
 }
 
-/// What every container gets, whichever the strategy: its EFAs' nodes, and `env`. The one list
-/// to extend with a new contributor; `cdi`'s tests show one reaching both strategies.
-pub fn contributors(dev_root: &Path, env: &BTreeMap<String, String>) -> Contributors {
+/// What every container gets, whichever the strategy: its EFAs' nodes, `env`, and the extra
+/// host nodes `extra` holds. The one list to extend with a new contributor; `cdi`'s tests show
+/// one reaching both strategies.
+pub fn contributors(
+    dev_root: &Path,
+    env: &BTreeMap<String, String>,
+    extra: FoundNodes,
+) -> Contributors {
     Contributors::new(vec![
         Box::new(DeviceNodes {
             dev_root: dev_root.to_owned(),
         }),
         Box::new(Environment { env: env.clone() }),
+        Box::new(extra),
     ])
 }
 
@@ -157,6 +163,31 @@ impl Contributor for Environment {
         edits
             .env
             .extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    }
+}
+
+/// The extra host device nodes (`--extra-device-nodes`, e.g. `/dev/gdrdrv`) as the look-up
+/// in `extra_nodes` last found them on the host, each with its own number. Every container with
+/// EFAs gets them once; reading them here is the whole cost, as Allocate does no I/O.
+#[derive(Clone)]
+pub struct FoundNodes(watch::Receiver<Arc<[DeviceNode]>>);
+
+impl FoundNodes {
+    pub fn new(found: watch::Receiver<Arc<[DeviceNode]>>) -> Self {
+        FoundNodes(found)
+    }
+
+    /// No extra node, as without `--extra-device-nodes`.
+    pub fn none() -> Self {
+        FoundNodes(watch::channel(Arc::from([])).1)
+    }
+}
+
+impl Contributor for FoundNodes {
+    fn device_edits(&self, _: &Efa, _: &mut Edits) {}
+
+    fn container_edits(&self, edits: &mut Edits) {
+        edits.device_nodes.extend(self.0.borrow().iter().cloned());
     }
 }
 

@@ -28,7 +28,7 @@ use crate::health::Judge;
 pub use allocate_env::AllocateSettings;
 pub use listing::{OutputFormat, print_settings};
 pub use origin::{ConfigError, Origin};
-pub use parsers::LogLevel;
+pub use parsers::{LogLevel, device_node_under};
 pub use resource_name::ResourceName;
 #[cfg(any(test, feature = "testkit"))]
 pub(crate) use resource_name::validate_resource_name;

@@ -2,7 +2,7 @@
 //! its value or one line saying what is wrong with it.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use clap::ValueEnum;
@@ -183,6 +183,41 @@ pub(super) fn parse_socket_names(text: &str) -> Result<Vec<String>, String> {
         return Err(format!("invalid socket name {name:?}: {problem}"));
     }
     Ok(names)
+}
+
+/// Where device nodes live, on the host as in a container: `--extra-device-nodes` names nodes
+/// below it, found on the host under `--dev-root`.
+const DEVICE_DIR: &str = "/dev/";
+
+/// Comma-separated device node paths below /dev, e.g. `/dev/gdrdrv`. Each is the path in the
+/// container and, below `--dev-root`, on the host. `/dev/infiniband` is refused: its nodes are
+/// the EFAs', handed out one by one, and any other there makes libfabric's EFA provider fail.
+pub(super) fn parse_device_nodes(text: &str) -> Result<Vec<String>, String> {
+    let nodes = comma_list(text);
+    for node in &nodes {
+        let below = node.strip_prefix(DEVICE_DIR).unwrap_or_default();
+        let parts: Vec<&str> = below.split('/').collect();
+        if below.is_empty()
+            || parts
+                .iter()
+                .any(|p| p.is_empty() || *p == "." || *p == "..")
+        {
+            return Err(format!(
+                "invalid device node {node:?}: give a path below {DEVICE_DIR}, e.g. /dev/gdrdrv"
+            ));
+        }
+        if parts[0] == "infiniband" {
+            return Err(format!(
+                "invalid device node {node:?}: the plugin hands out /dev/infiniband's nodes per EFA"
+            ));
+        }
+    }
+    Ok(nodes)
+}
+
+/// Where `node`, one of `--extra-device-nodes`, is on the host when its /dev is at `dev_root`.
+pub fn device_node_under(dev_root: &Path, node: &str) -> PathBuf {
+    dev_root.join(node.strip_prefix(DEVICE_DIR).unwrap_or(node))
 }
 
 pub(super) fn parse_bool(text: &str) -> Result<bool, String> {

@@ -14,8 +14,8 @@ use super::allocate_env::{AllocateSettings, EnvSetting};
 use super::file::{VERSION_KEY, VERSIONS};
 use super::origin::{ConfigError, Origin};
 use super::parsers::{
-    LogLevel, parse_driver_names, parse_interval, parse_metrics_address, parse_optional_path,
-    parse_path, parse_sharing, parse_socket_names,
+    LogLevel, parse_device_nodes, parse_driver_names, parse_interval, parse_metrics_address,
+    parse_optional_path, parse_path, parse_sharing, parse_socket_names,
 };
 use super::resource_name::ResourceName;
 use super::setting::{Describe, FileKey, Given, Resolve, Setting, help_text};
@@ -153,8 +153,10 @@ settings! {
         "EFA_DP_PLUGINS_REGISTRY_DIR", "DIR", "/var/lib/kubelet/plugins_registry", parse_path)
         .naming_a_path();
     /// DRA drivers that manage EFAs; while one is registered every device is withheld.
+    // DRANET, and AWS's networking DRA driver, which serves EFAs as well as RoCE and ENA:
+    // the plugin cannot read its ResourceSlices to tell which it serves on this node.
     dra_drivers: Vec<String> = Setting::list("dra-drivers", "EFA_DP_DRA_DRIVERS", "NAME,...",
-        "dra.net", parse_driver_names);
+        "dra.net,dra.networking.k8s.aws", parse_driver_names);
     /// Keep advertising devices while an EFA DRA driver is registered on the node.
     allow_dra_coexistence: bool = Setting::switch("allow-dra-coexistence",
         "EFA_DP_ALLOW_DRA_COEXISTENCE", "false");
@@ -177,6 +179,11 @@ settings! {
         flag: "allocate-env", env: "EFA_DP_ALLOCATE_ENV", value_name: "KEY=VALUE",
         file: "allocate.env",
     };
+    /// Host device nodes every container with EFAs also gets, e.g. /dev/gdrdrv (GDRCopy, for
+    /// GPU-initiated networking): each as found below the dev root at start and every rescan,
+    /// with its own major:minor; one that is missing is left out and logged.
+    extra_device_nodes: Vec<String> = Setting::list("extra-device-nodes",
+        "EFA_DP_EXTRA_DEVICE_NODES", "PATH,...", "", parse_device_nodes);
     /// Expose efa_device_allocation: the namespace, pod and container holding each device.
     counter_pod_labels: bool = Setting::switch("counter-pod-labels", "EFA_DP_COUNTER_POD_LABELS",
         "true");

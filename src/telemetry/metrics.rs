@@ -406,14 +406,19 @@ impl Collector for PluginCollector {
         )?;
         ConstGauge::new(1i64)
             .encode(build.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
-        ConstGauge::new(i64::from(inventory.conflict().is_some())).encode(
-            encoder.encode_descriptor(
-                "efa_device_plugin_dra_conflict",
-                "1 while an EFA DRA driver is registered on the node and every device is withheld",
-                None,
-                MetricType::Gauge,
-            )?,
+        let mut conflict = encoder.encode_descriptor(
+            "efa_device_plugin_dra_conflict",
+            "1 while an EFA DRA driver is registered on the node and every device is withheld; \
+             driver names it",
+            None,
+            MetricType::Gauge,
         )?;
+        match inventory.conflicting_driver() {
+            Some(driver) => {
+                ConstGauge::new(1i64).encode(conflict.encode_family(&[("driver", driver)])?)?
+            }
+            None => ConstGauge::new(0i64).encode(conflict)?,
+        }
         let (foreign, unseen_by_dra, stale) = {
             let holdings = self.holdings.borrow();
             (

@@ -439,7 +439,8 @@ mod tests {
             holdings.clone(),
             shutdown.clone(),
         ));
-        let contributors = allocation::contributors(dir.path(), &BTreeMap::new());
+        let contributors =
+            allocation::contributors(dir.path(), &BTreeMap::new(), allocation::FoundNodes::none());
         let allocator =
             Allocator::new(Box::new(DeviceSpecs), contributors).with_holdings(holdings.subscribe());
         let offered: Vec<String> = efas.iter().map(|e| e.id.clone()).collect();

@@ -54,6 +54,20 @@ pub(crate) const NITRO_V4_PORT_COUNTERS: &[&str] = &[
     "unresponsive_remote_events",
     "impaired_remote_conn_events",
 ];
+/// Port counters the `0xefa4` shape adds: the RDMA work-request counters of the kernel's
+/// `efa_verbs.c` port stats, among them `rdma_read_wr_err` and `rdma_write_wr_err`, which AWS's
+/// EFA monitoring guide names. Driver 3.3.0's own new event counters are named by no public
+/// source found, so they are not simulated.
+pub(crate) const EFA4_PORT_COUNTERS: &[&str] = &[
+    "rdma_read_wrs",
+    "rdma_read_wr_err",
+    "rdma_read_resp_bytes",
+    "rdma_write_wrs",
+    "rdma_write_wr_err",
+    "rdma_write_recv_bytes",
+];
+/// PCI device ID of driver 3.3.0's new EFA generation (amzn-drivers r3.3.0 `efa_main.c`).
+const EFA4_DEVICE: &str = "0xefa4";
 /// Device-level counters under `hw_counters`.
 pub(crate) const DEVICE_COUNTERS: &[&str] = &[
     "submitted_cmds",
@@ -102,7 +116,22 @@ impl FakeDevice {
         } else {
             &[]
         };
-        PORT_COUNTERS.iter().chain(newer).copied()
+        let efa4: &[&str] = if self.device == EFA4_DEVICE {
+            EFA4_PORT_COUNTERS
+        } else {
+            &[]
+        };
+        PORT_COUNTERS.iter().chain(newer).chain(efa4).copied()
+    }
+
+    /// `ports/1/rate` as ib_core prints it: 4X EDR for every EFA generation before `0xefa4`,
+    /// whose ports driver 3.3.0 reports at 1600 Gb/s (8 lanes of `IB_SPEED_XDR`).
+    pub fn rate(&self) -> &'static str {
+        if self.device == EFA4_DEVICE {
+            "1600 Gb/sec (8X XDR)"
+        } else {
+            "100 Gb/sec (4X EDR)"
+        }
     }
 
     /// Every counter file: the port's, then the device's own.
@@ -146,6 +175,12 @@ pub enum Shape {
     P5en,
     P6B200,
     P6B300,
+    /// p6-b300 with EFA driver 3.3.0's generation of device: PCI device `0xefa4`, ports at
+    /// 1600 Gb/s, and the work-request counters of [`EFA4_PORT_COUNTERS`]. Sources are weak:
+    /// rdma-core PR #1760 and amzn-drivers r3.3.0 for the ID; for the 800 and 1600 Gb/s rates
+    /// (`IB_SPEED_XDR`), third-party notes on amzn-drivers commits bf83e44, a1e35dc and 44c91d1.
+    /// Which instances carry `0xefa4` is not public; p6-b300, the newest EFA instance, stands in.
+    P6B300Efa4,
     /// p6e-gb200.36xlarge, arm64 (Grace).
     P6eGb200,
     Trn2,
@@ -169,12 +204,13 @@ pub enum Shape {
 
 impl Shape {
     /// Every shape, `Dense(n)` once with a partly filled root, for tests that must hold on each.
-    pub const ALL: [Shape; 16] = [
+    pub const ALL: [Shape; 17] = [
         Shape::P4d,
         Shape::P5,
         Shape::P5en,
         Shape::P6B200,
         Shape::P6B300,
+        Shape::P6B300Efa4,
         Shape::P6eGb200,
         Shape::Trn2,
         Shape::Trn3,
@@ -199,6 +235,7 @@ impl Shape {
                 | Shape::P5en
                 | Shape::P6B200
                 | Shape::P6B300
+                | Shape::P6B300Efa4
                 | Shape::P6eGb200
                 | Shape::G7
                 | Shape::Bottlerocket
@@ -403,6 +440,13 @@ fn layout(shape: Shape) -> Vec<FakeDevice> {
         Shape::P6B300 => (0..8u32)
             .flat_map(|s| switch_at(0, 0x4f + s * 0x11, 2, (s / 4) as i32, s * 2))
             .collect(),
+        Shape::P6B300Efa4 => layout(Shape::P6B300)
+            .into_iter()
+            .map(|device| FakeDevice {
+                device: EFA4_DEVICE.into(),
+                ..device
+            })
+            .collect(),
         // Grace with 4 GPUs and "up to 17 network cards" (NVIDIA/nodewright-packages PR #94).
         // Assumed: one EFA per card (node-efa.adoc's upper bound), so 17: card 0 alone on the
         // first Grace's root, and 4 behind each GPU's switch, every root in its own PCI domain
@@ -585,7 +629,7 @@ impl FakeNode {
         write(&ibdev_dir.join("ports/1/state"), "4: ACTIVE")?;
         write(&ibdev_dir.join("ports/1/phys_state"), "5: LinkUp")?;
         write(&ibdev_dir.join("ports/1/link_layer"), "Unknown")?;
-        write(&ibdev_dir.join("ports/1/rate"), "100 Gb/sec (4X EDR)")?;
+        write(&ibdev_dir.join("ports/1/rate"), device.rate())?;
         if let Some(p2p) = &device.p2p {
             write(&function.join("p2p"), p2p)?;
         }
@@ -833,6 +877,28 @@ mod tests {
         }
         // Neuron device 0's EFA on trn2 (`0000:c9:00.0`), by its rdma-core name.
         assert!(efas_of(Shape::Trn2).iter().any(|d| d.ibdev == "rdmap201s0"));
+    }
+
+    #[test]
+    fn efa4_devices_show_driver_3_3_identity_rate_and_counters_in_sysfs() {
+        let dir = tempfile::tempdir().unwrap();
+        let (node, devices) = FakeNode::build(dir.path(), Shape::P6B300Efa4, Nodes::Files).unwrap();
+        assert_eq!(devices.len(), 16);
+        let class = node.sysfs.join("class/infiniband").join(&devices[0].ibdev);
+        let read = |rel: &str| fs::read_to_string(class.join(rel)).unwrap();
+        assert_eq!(read("device/device"), "0xefa4\n");
+        assert_eq!(read("ports/1/rate"), "1600 Gb/sec (8X XDR)\n");
+        for counter in [
+            "rdma_read_wr_err",
+            "rdma_write_wr_err",
+            "retrans_timeout_events",
+        ] {
+            assert_eq!(read(&format!("ports/1/hw_counters/{counter}")), "0\n");
+        }
+        // Older generations keep their rate and counters.
+        let p6b300 = &efas_of(Shape::P6B300)[0];
+        assert_eq!(p6b300.rate(), "100 Gb/sec (4X EDR)");
+        assert!(!p6b300.port_counters().any(|c| c == "rdma_read_wr_err"));
     }
 
     #[test]

@@ -27,6 +27,7 @@ source "$HERE/cluster/health.sh"
 source "$HERE/cluster/prometheus.sh"
 source "$HERE/cluster/migration.sh"
 source "$HERE/cluster/cdi-restart.sh"
+source "$HERE/cluster/gdrdrv.sh"
 source "$HERE/cluster/dra.sh"
 source "$HERE/cluster/arm64.sh"
 NODE=efa-e2e
@@ -361,6 +362,7 @@ cluster_cases() {
 	run_case "(P3) Prometheus: the holder's counters carry its namespace, pod and container" case_prometheus_holder_labels
 	run_case "(P4) device loss: EfaDeviceUnhealthy fires, every dashboard query has data, the alert resolves" case_prometheus_alert_lifecycle
 	run_case "(P5) every PromQL example in the README returns a result" case_readme_promql
+	run_case "(P6) EfaReceiveDrops, EfaRdmaReadErrors, EfaRdmaWriteErrors fire on raised counters, naming the holder" case_prometheus_counter_alerts
 	run_case "(8) node without EFA: plugin Ready, allocatable 0 or absent" case_no_efa
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
 	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
@@ -369,6 +371,7 @@ cluster_cases() {
 	run_case "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
 	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
 	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
+	run_case "(16) extra-device-nodes: a Job sees /dev/gdrdrv next to exactly its 2 uverbs nodes" case_gdrdrv
 	dra_cases
 	arm64_cases
 }

@@ -91,9 +91,10 @@ prometheus_config() {
 }
 
 # The counters of the EFA driver that the fake tree lacks, as a Nitro v4 EFA
-# has them, each rising every second: traffic, retransmissions, remote events.
-PORT_COUNTERS=(tx_bytes rx_bytes rx_drops rdma_read_bytes retrans_pkts retrans_timeout_events
-	unresponsive_remote_events impaired_remote_conn_events)
+# has them, each rising every second: traffic, drops, RDMA work-request
+# errors, retransmissions, remote events.
+PORT_COUNTERS=(tx_bytes rx_bytes rx_drops rdma_read_bytes rdma_read_wr_err rdma_write_wr_err
+	retrans_pkts retrans_timeout_events unresponsive_remote_events impaired_remote_conn_events)
 DEVICE_COUNTERS=(submitted_cmds cmds_err)
 counter_dir() {
 	local bus=${EFA_BUSES[$1]}
@@ -274,4 +275,41 @@ case_readme_promql() {
 	wait_until $((NODE_STATUS_PERIOD + 10)) allocatable_is 4 ||
 		{ REASON="allocatable is '$(allocatable)' after the DRA socket went, want 4"; return 1; }
 	CASE_DETAIL="all $n examples returned results"
+}
+
+# The alerts on the counters AWS names, which the counters the suite raises
+# set off: each fires on one of the holder's EFAs naming the holder, and on an
+# EFA no pod holds naming none.
+COUNTER_ALERTS=(EfaReceiveDrops EfaRdmaReadErrors EfaRdmaWriteErrors)
+
+# counter_alert_fires ALERT DEVICE HOLDER: ALERT is firing for DEVICE with the
+# holder label HOLDER ("" matches an alert without one).
+counter_alert_fires() {
+	prom query "$PROMETHEUS_URL" "ALERTS{alertname=\"$1\", alertstate=\"firing\", device=\"$2\", holder=\"$3\"}" >/dev/null 2>&1
+}
+
+# An EFA with counters and no holder, as Prometheus sees it.
+free_device() {
+	prom query "$PROMETHEUS_URL" "count by (device) (efa_rx_drops_total unless on (instance, device) efa_device_allocation)" 2>/dev/null |
+		sed -n 's/.*"device": "\([^"]*\)".*/\1/p' | head -1
+}
+
+case_prometheus_counter_alerts() {
+	local alert held free fired=()
+	ensure_holder && ensure_prometheus || return 1
+	held=${HOLDER_IDS[0]}
+	wait_until 30 test -n "$(free_device)" || { REASON="no EFA without a holder in Prometheus"; return 1; }
+	free=$(free_device)
+	for alert in "${COUNTER_ALERTS[@]}"; do
+		if ! wait_until 90 counter_alert_fires "$alert" "$held" default/holder; then
+			REASON="$alert not firing for the holder's $held with holder=default/holder within 90s: $(prom query "$PROMETHEUS_URL" "ALERTS{alertname=\"$alert\"}" 2>&1 | paste -sd'|')"
+			return 1
+		fi
+		if ! wait_until 30 counter_alert_fires "$alert" "$free" ""; then
+			REASON="$alert not firing for the free $free without a holder: $(prom query "$PROMETHEUS_URL" "ALERTS{alertname=\"$alert\"}" 2>&1 | paste -sd'|')"
+			return 1
+		fi
+		fired+=("$alert")
+	done
+	CASE_DETAIL="${fired[*]} fired on $held (holder default/holder) and on $free (no holder)"
 }
