@@ -414,9 +414,13 @@ impl Collector for PluginCollector {
                 MetricType::Gauge,
             )?,
         )?;
-        let (foreign, unseen_by_dra) = {
+        let (foreign, unseen_by_dra, double_booked) = {
             let holdings = self.holdings.borrow();
-            (holdings.foreign_ids(), holdings.unseen_by_dra(&inventory))
+            (
+                holdings.foreign_ids(),
+                holdings.unseen_by_dra(&inventory),
+                holdings.double_booked.len(),
+            )
         };
         let gauges = [
             (
@@ -438,6 +442,13 @@ impl Collector for PluginCollector {
                  on the node; the DRA driver cannot see them and may allocate them again, so \
                  drain their pods before DRA serves the node",
                 i64::try_from(unseen_by_dra).unwrap_or(i64::MAX),
+            ),
+            (
+                "efa_device_plugin_double_booked_devices",
+                "Devices (EFAs, or replicas under sharing) that the kubelet's PodResources lists \
+                 in two or more pods at once, in two answers in a row: the kubelet gave one ID \
+                 out twice (kubernetes PR #137534, every kubelet up to 1.37)",
+                i64::try_from(double_booked).unwrap_or(i64::MAX),
             ),
             (
                 "efa_device_plugin_rdma_netns_exclusive",

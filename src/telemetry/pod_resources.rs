@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use super::double_booking::{Confirmed, Warned, detect};
 use crate::allocation::sharing::{self, Sharing};
 use crate::proto::podresources::{
     ListPodResourcesRequest, ListPodResourcesResponse,
@@ -108,11 +109,25 @@ impl PodResources {
     ) {
         let mut warned: BTreeSet<Pod> = BTreeSet::new();
         let mut warned_dra: BTreeSet<Pod> = BTreeSet::new();
+        let mut double_booked = Confirmed::default();
+        let mut warned_double = Warned::default();
         let mut rescans = Rescans::every(interval, shutdown);
         loop {
             let inventory = state.current();
             let next = match self.poll().await {
-                Some(response) => derive(&response, &self.resource_name, &inventory, sharing),
+                Some(response) => {
+                    let mut next = derive(&response, &self.resource_name, &inventory, sharing);
+                    let names = Names::of(&inventory);
+                    let found = detect(
+                        &response,
+                        &self.resource_name,
+                        |id| names.device_of(id),
+                        sharing,
+                    );
+                    next.double_booked = double_booked.observe(&found);
+                    warned_double.warn(&next.double_booked);
+                    next
+                }
                 None => Holdings::default(),
             };
             warn_of_foreign(&next, &mut warned);

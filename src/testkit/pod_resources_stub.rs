@@ -2,8 +2,8 @@
 //! the tests of pod attribution. Only `List` is served: it is all the plugin asks.
 
 use std::path::Path;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -42,6 +42,8 @@ pub fn pod(
 }
 
 pub struct PodResourcesStub {
+    pods: Arc<Mutex<Vec<PodResources>>>,
+    lists: Arc<AtomicUsize>,
     stall: Arc<AtomicBool>,
     stop: CancellationToken,
 }
@@ -53,10 +55,13 @@ impl PodResourcesStub {
             std::fs::create_dir_all(dir)?;
         }
         let listener = uds::bind(socket)?;
+        let pods = Arc::new(Mutex::new(pods));
+        let lists = Arc::new(AtomicUsize::new(0));
         let stall = Arc::new(AtomicBool::new(false));
         let stop = CancellationToken::new();
         let service = Lister {
-            pods,
+            pods: pods.clone(),
+            lists: lists.clone(),
             stall: stall.clone(),
         };
         uds::spawn_server(
@@ -64,7 +69,22 @@ impl PodResourcesStub {
             PodResourcesListerServer::new(service),
             stop.clone(),
         );
-        Ok(PodResourcesStub { stall, stop })
+        Ok(PodResourcesStub {
+            pods,
+            lists,
+            stall,
+            stop,
+        })
+    }
+
+    /// From now on `List` answers `pods`, as the kubelet's answer changes when pods come and go.
+    pub fn serve(&self, pods: Vec<PodResources>) {
+        *self.pods.lock().unwrap_or_else(|e| e.into_inner()) = pods;
+    }
+
+    /// How many `List` calls have been answered.
+    pub fn lists(&self) -> usize {
+        self.lists.load(Ordering::SeqCst)
     }
 
     /// From now on `List` hangs, as an overloaded kubelet's would.
@@ -80,7 +100,8 @@ impl Drop for PodResourcesStub {
 }
 
 struct Lister {
-    pods: Vec<PodResources>,
+    pods: Arc<Mutex<Vec<PodResources>>>,
+    lists: Arc<AtomicUsize>,
     stall: Arc<AtomicBool>,
 }
 
@@ -93,9 +114,9 @@ impl PodResourcesLister for Lister {
         if self.stall.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_secs(60)).await;
         }
-        Ok(Response::new(ListPodResourcesResponse {
-            pod_resources: self.pods.clone(),
-        }))
+        let pod_resources = self.pods.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        Ok(Response::new(ListPodResourcesResponse { pod_resources }))
     }
 
     async fn get_allocatable_resources(
