@@ -319,8 +319,14 @@ mod tests {
         assert!(confirmed.observe(&[]).is_empty());
         // A real one lasts.
         assert!(confirmed.observe(std::slice::from_ref(&ab)).is_empty());
-        assert_eq!(confirmed.observe(std::slice::from_ref(&ab)), vec![ab.clone()]);
-        assert_eq!(confirmed.observe(std::slice::from_ref(&ab)), vec![ab.clone()]);
+        assert_eq!(
+            confirmed.observe(std::slice::from_ref(&ab)),
+            vec![ab.clone()]
+        );
+        assert_eq!(
+            confirmed.observe(std::slice::from_ref(&ab)),
+            vec![ab.clone()]
+        );
         // A third pod joins: the pair with it counts from the next answer on.
         let abc = booked("rdmap16s27", &["a", "b", "c"]);
         assert_eq!(confirmed.observe(std::slice::from_ref(&abc)), [ab]);
