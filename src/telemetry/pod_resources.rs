@@ -1,6 +1,6 @@
 //! Which pod holds which EFA, from the kubelet's PodResources API: to label traffic with its
 //! pod, to find IDs the kubelet counts as free although a pod holds their EFA, and to find EFAs
-//! it gave to two pods ([`super::double_booking`]).
+//! it gave to two pods (`double_booking`).
 //!
 //! Polled in the background every rescan interval with a short deadline, into a
 //! [`Holdings`] snapshot that scrapes and GetPreferredAllocation read without waiting: a slow or
