@@ -33,7 +33,8 @@ pub(crate) fn detect<'a>(
     efa_of: impl Fn(&str) -> Option<&'a str>,
     sharing: Sharing,
 ) -> Vec<DoubleBooking> {
-    let mut holders: BTreeMap<String, BTreeSet<Pod>> = BTreeMap::new();
+    // Pods borrowed from the answer: only those of a double booking are copied.
+    let mut holders: BTreeMap<String, BTreeSet<(&str, &str)>> = BTreeMap::new();
     for pod in &response.pod_resources {
         let ids = pod
             .containers
@@ -54,7 +55,7 @@ pub(crate) fn detect<'a>(
             holders
                 .entry(device)
                 .or_default()
-                .insert((pod.namespace.clone(), pod.name.clone()));
+                .insert((&pod.namespace, &pod.name));
         }
     }
     holders
@@ -62,7 +63,10 @@ pub(crate) fn detect<'a>(
         .filter(|(_, pods)| pods.len() > 1)
         .map(|(device, pods)| DoubleBooking {
             device,
-            pods: pods.into_iter().collect(),
+            pods: pods
+                .into_iter()
+                .map(|(namespace, name)| (namespace.to_owned(), name.to_owned()))
+                .collect(),
         })
         .collect()
 }
