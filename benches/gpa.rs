@@ -142,7 +142,7 @@ fn main() {
                 black_box(preferred::choose(
                     black_box(&inventory),
                     sharing,
-                    &std::collections::BTreeSet::new(),
+                    preferred::Avoid::NOTHING,
                     black_box(&request),
                 ));
             });

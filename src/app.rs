@@ -198,6 +198,7 @@ impl Plugin {
             .with_sharing(settings.sharing)
             .with_metrics(allocations)
             .with_holdings(self.holdings.subscribe())
+            .steering_from_recent(crate::allocation::recent::WINDOW)
     }
 
     /// Registers with the kubelet and serves it until shutdown or until a task fails, which

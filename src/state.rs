@@ -372,6 +372,16 @@ pub struct ForeignHold {
     pub ids: Vec<String>,
 }
 
+/// One device that containers of two or more pods hold at once: the kubelet gave one ID out
+/// twice (kubernetes PR #137534), or two allocators gave out one EFA.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct DoubleBooking {
+    /// The EFA's advertised device id; under sharing, with the replica suffix held.
+    pub device: String,
+    /// The pods holding it, as (namespace, name), sorted; at least two.
+    pub pods: Vec<(String, String)>,
+}
+
 /// Who holds which EFA, as the kubelet's PodResources API last said. Written by the background
 /// poller alone, so nothing on the Allocate path waits on the kubelet.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -386,6 +396,8 @@ pub struct Holdings {
     pub foreign: Vec<ForeignHold>,
     /// The advertised device ids that foreign IDs map to: the kubelet counts them as free.
     pub foreign_devices: std::collections::BTreeSet<String>,
+    /// The devices held by two or more pods in consecutive answers, sorted.
+    pub double_booked: Vec<DoubleBooking>,
 }
 
 impl Holdings {

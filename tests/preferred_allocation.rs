@@ -211,3 +211,55 @@ async fn reported_topology_gives_the_kubelet_usable_hints() {
     g5.spawn_plugin(&[]);
     assert_eq!(hints(&g5.registered().await, 1), None);
 }
+
+/// A kubelet up to 1.37 can lose track of IDs it is allocating (kubernetes PR #137534) and offer
+/// them to the next pod while the first holds them. Preferences rank by topology alone, so the
+/// next pod would be preferred the very IDs just given out; the plugin steers it to others while
+/// any remain. A correct kubelet never offers them, so its answers do not change; under sharing
+/// another replica of the same EFA is fine.
+#[tokio::test]
+async fn ids_just_given_out_are_preferred_last_if_the_kubelet_offers_them_again() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&["--device-id-strategy", "pci"]);
+    let view = h.registered().await;
+    let all: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
+    let first = h.prefer(all.clone(), 2).await;
+    assert_eq!(first, ["0000:10:1b.0", "0000:20:1b.0"]);
+    let ids: Vec<&str> = first.iter().map(String::as_str).collect();
+    h.allocate(&[&ids]).await.unwrap();
+
+    // The kubelet lost track of them and offers all four again.
+    assert_eq!(
+        h.prefer(all.clone(), 2).await,
+        ["0000:90:1b.0", "0000:a0:1b.0"]
+    );
+    // Nothing else to give: the request is still met.
+    assert_eq!(h.prefer(all.clone(), 4).await, all);
+    // A correct kubelet offers only the free ones: the same answer as without steering.
+    let free: Vec<String> = all
+        .iter()
+        .filter(|id| !first.contains(id))
+        .cloned()
+        .collect();
+    assert_eq!(h.prefer(free, 2).await, ["0000:90:1b.0", "0000:a0:1b.0"]);
+    // What the kubelet must include is included.
+    let mut client = h.kubelet.plugin().unwrap();
+    let answer = prefer(&mut client, vec![offer(&all, &["0000:10:1b.0"], 2)]).await;
+    assert!(answer[0].contains(&"0000:10:1b.0".to_owned()), "{answer:?}");
+}
+
+#[tokio::test]
+async fn under_sharing_another_replica_of_an_efa_just_given_out_is_fine() {
+    let mut h = Harness::new(Shape::P4d);
+    h.spawn_plugin(&["--device-id-strategy", "pci", "--sharing-replicas", "2"]);
+    let replicas = 2 * h.efas().len();
+    let view = h
+        .wait("registration", |v| {
+            v.stream_open && v.devices.len() == replicas
+        })
+        .await;
+    let all: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
+    assert_eq!(h.prefer(all.clone(), 1).await, ["0000:10:1b.0::0"]);
+    h.allocate(&[&["0000:10:1b.0::0"]]).await.unwrap();
+    assert_eq!(h.prefer(all, 1).await, ["0000:10:1b.0::1"]);
+}

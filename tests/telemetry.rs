@@ -457,3 +457,115 @@ async fn the_exclusive_rdma_netns_mode_is_logged_once_with_the_fix_and_shown_as_
     h.scrape_until("shared mode again", |t| gauge(t) == Some(0.0))
         .await;
 }
+
+const EFA: &str = "vpc.amazonaws.com/efa";
+const DOUBLE_BOOKED: &str = "efa_device_plugin_double_booked_devices";
+const DOUBLE_BOOKED_LOG: &str = "an EFA is double-booked";
+
+/// Serves `pods` as the kubelet's answer until the plugin has read it in two polls, the number a
+/// double booking needs to count; then the gauge.
+async fn double_booked_after(
+    h: &Harness,
+    kubelet: &PodResourcesStub,
+    pods: Vec<efa_device_plugin::proto::podresources::PodResources>,
+) -> Option<f64> {
+    kubelet.serve(pods);
+    // A List answered just after `serve` may have read the answer before it.
+    let read = kubelet.lists() + 3;
+    support::eventually("three more polls", || kubelet.lists() >= read).await;
+    let (_, text) = h.get("/metrics").await;
+    sample(&text, DOUBLE_BOOKED)
+}
+
+/// What the kubelet's PodResources `List` answers through a pod's life, as docs/operations.md
+/// (#double-bookings) reads it from the kubelet's code, never counts as a double booking; two
+/// pods that both hold one EFA do, with one warning naming both, and again when it comes back.
+#[tokio::test]
+async fn double_bookings_count_and_the_kubelets_ordinary_answers_do_not() {
+    let mut h = Harness::new(Shape::P4d);
+    let efas: Vec<String> = h.efas().iter().map(|d| d.ibdev.clone()).collect();
+    let socket: PathBuf = h.root.path().join("pod-resources/kubelet.sock");
+    let kubelet = PodResourcesStub::start(&socket, vec![]).unwrap();
+    h.spawn_plugin(&["--pod-resources-socket", &socket.display().to_string()]);
+    h.registered().await;
+    let text = h
+        .scrape_until("the gauge", |t| sample(t, DOUBLE_BOOKED).is_some())
+        .await;
+    assert_eq!(
+        sample(&text, DOUBLE_BOOKED),
+        Some(0.0),
+        "present from the start"
+    );
+
+    let holds = |name: &str, container: &str, efa: &str| pod("ml", name, container, EFA, &[efa]);
+    // A Job's pod runs with the first EFA, its container restarted: a restart keeps the
+    // container's devices and adds no holder, so the answer stays the same.
+    let job = || holds("job-1", "main", &efas[0]);
+    assert_eq!(
+        double_booked_after(&h, &kubelet, vec![job()]).await,
+        Some(0.0)
+    );
+    // The Job completes and a new pod gets its EFA. With KubeletPodResourcesListUseActivePods
+    // (on by default since 1.34) the completed pod is not listed at all ...
+    let next = || holds("next", "main", &efas[0]);
+    assert_eq!(
+        double_booked_after(&h, &kubelet, vec![next()]).await,
+        Some(0.0)
+    );
+    // ... without it, it is listed, with its devices already freed: List frees the devices of
+    // pods no longer active before reading any.
+    let completed = pod("ml", "job-1", "main", EFA, &[]);
+    assert_eq!(
+        double_booked_after(&h, &kubelet, vec![completed, next()]).await,
+        Some(0.0)
+    );
+    // A deleted pod still terminating is active: listed with its EFA, which no other pod can
+    // have until it has terminated.
+    let terminating = || holds("deleted", "main", &efas[1]);
+    assert_eq!(
+        double_booked_after(
+            &h,
+            &kubelet,
+            vec![next(), terminating(), holds("new", "main", &efas[2])]
+        )
+        .await,
+        Some(0.0)
+    );
+    // Containers of one pod: a restartable init container next to an app container.
+    let mut sidecar = holds("sidecar", "init", &efas[3]);
+    sidecar
+        .containers
+        .extend(holds("sidecar", "main", &efas[3]).containers);
+    assert_eq!(
+        double_booked_after(&h, &kubelet, vec![next(), sidecar]).await,
+        Some(0.0)
+    );
+    assert!(
+        !h.plugin_log().contains(DOUBLE_BOOKED_LOG),
+        "{}",
+        h.plugin_log()
+    );
+
+    // The kubelet gives the first EFA to a second pod, once under its PCI address.
+    let pci = h.efas()[0].bdf.clone();
+    let booked = || vec![next(), holds("twin", "main", &pci)];
+    assert_eq!(double_booked_after(&h, &kubelet, booked()).await, Some(1.0));
+    assert_eq!(double_booked_after(&h, &kubelet, booked()).await, Some(1.0));
+    let log = h.plugin_log();
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(DOUBLE_BOOKED_LOG))
+        .collect();
+    assert_eq!(warnings.len(), 1, "once while it lasts: {log}");
+    for name in [efas[0].as_str(), "ml/next", "ml/twin"] {
+        assert!(warnings[0].contains(name), "{name} in {}", warnings[0]);
+    }
+    // It ends, and comes back: warned of again.
+    assert_eq!(
+        double_booked_after(&h, &kubelet, vec![next()]).await,
+        Some(0.0)
+    );
+    assert_eq!(double_booked_after(&h, &kubelet, booked()).await, Some(1.0));
+    let again = h.plugin_log().matches(DOUBLE_BOOKED_LOG).count();
+    assert_eq!(again, 2, "{}", h.plugin_log());
+}

@@ -6,11 +6,12 @@
 //! A [`Delivery`] hands those edits to the runtime by the device-list strategy: [`DeviceSpecs`]
 //! puts them in the Allocate answer, [`crate::cdi`] into the CDI spec file, with an answer that
 //! names the devices. A contributor knows nothing of the strategies, so it cannot reach one and
-//! miss the other. Which IDs to prefer is [`preferred`]'s business; what an ID means when EFAs
-//! are shared, [`sharing`]'s.
+//! miss the other. Which IDs to prefer is [`preferred`]'s business, steered by the IDs given out
+//! lately ([`recent`]); what an ID means when EFAs are shared, [`sharing`]'s.
 
 pub mod metrics;
 pub mod preferred;
+pub mod recent;
 pub mod sharing;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +26,8 @@ use crate::proto::deviceplugin::{
 };
 use crate::state::{Holdings, Inventory};
 use metrics::AllocationMetrics;
+use preferred::Avoid;
+use recent::Recent;
 use sharing::Sharing;
 use tokio::sync::watch;
 
@@ -218,6 +221,7 @@ pub struct Allocator {
     sharing: Sharing,
     metrics: Option<Arc<AllocationMetrics>>,
     holdings: Option<watch::Receiver<Arc<Holdings>>>,
+    recent: Option<Recent>,
 }
 
 impl Allocator {
@@ -228,7 +232,15 @@ impl Allocator {
             sharing: Sharing::default(),
             metrics: None,
             holdings: None,
+            recent: None,
         }
+    }
+
+    /// Steers preferred allocations away from the IDs Allocate gave out within `window`, which a
+    /// kubelet up to 1.37 may offer again while their pod holds them ([`recent`]).
+    pub fn steering_from_recent(mut self, window: std::time::Duration) -> Self {
+        self.recent = Some(Recent::new(window));
+        self
     }
 
     /// Steers preferred allocations away from EFAs that pods hold under foreign IDs, as the
@@ -259,13 +271,14 @@ impl Allocator {
         request: &PreferredAllocationRequest,
     ) -> PreferredAllocationResponse {
         let holdings = self.holdings.as_ref().map(|h| h.borrow().clone());
-        let foreign_held = holdings.as_ref().map(|h| &h.foreign_devices);
-        let response = preferred::respond(
-            inventory,
-            self.sharing,
-            foreign_held.unwrap_or(&BTreeSet::new()),
-            request,
-        );
+        let just_given = self.recent.as_ref().map(Recent::ids).unwrap_or_default();
+        let avoid = Avoid {
+            foreign_held: holdings
+                .as_ref()
+                .map_or(Avoid::NOTHING.foreign_held, |h| &h.foreign_devices),
+            just_given: &just_given,
+        };
+        let response = preferred::respond(inventory, self.sharing, avoid, request);
         // What the kubelet offered under its NUMA affinity, next to what came back: the only
         // place an operator (or a test) can see the kubelet's filtering.
         for (offer, answer) in request
@@ -291,6 +304,11 @@ impl Allocator {
     ) -> Result<AllocateResponse, AllocateError> {
         let started = Instant::now();
         let answer = self.answer(inventory, request);
+        if let (Ok(_), Some(recent)) = (&answer, &self.recent) {
+            for container in &request.container_requests {
+                recent.record(&container.devices_ids);
+            }
+        }
         if let Some(metrics) = &self.metrics {
             metrics.record(answer.is_ok(), started.elapsed());
         }

@@ -4,10 +4,13 @@
 //! 0. EFAs that a pod holds under a foreign ID (one this plugin does not advertise, say the AWS
 //!    plugin's): the kubelet counts them as free, so they are chosen only when nothing else can
 //!    satisfy the request;
-//! 1. replicas of an EFA already chosen: with sharing on, a second ID of the same EFA opens the
+//! 1. IDs this plugin's Allocate gave out lately ([`super::recent`]): a correct kubelet offers
+//!    one again only once its pod has gone, but a kubelet up to 1.37 can lose track of one
+//!    (kubernetes PR #137534) and offer it to the next pod while the first still holds it;
+//! 2. replicas of an EFA already chosen: with sharing on, a second ID of the same EFA opens the
 //!    same uverbs node and adds no bandwidth, so distinct EFAs come first;
-//! 2. NUMA nodes;
-//! 3. distinct PCIe bridges at each depth of the device's sysfs path, outermost first: the root
+//! 3. NUMA nodes;
+//! 4. distinct PCIe bridges at each depth of the device's sysfs path, outermost first: the root
 //!    complex `pci0000:10`, then its root port, then a switch's upstream port, and so on. Paths
 //!    that share a longer prefix sit closer on the fabric.
 //!
@@ -31,12 +34,30 @@ use crate::state::Inventory;
 
 /// Bridge levels that count; deeper ones are rare and lie below all of these anyway.
 const MAX_BRIDGES: usize = 8;
-/// Cost slots: foreign-held EFAs, extra replicas, NUMA nodes, then one per bridge level.
-const LEVELS: usize = MAX_BRIDGES + 3;
+/// Cost slots: foreign-held EFAs, IDs given out lately, extra replicas, NUMA nodes, then one per
+/// bridge level.
+const LEVELS: usize = MAX_BRIDGES + 4;
 const FOREIGN_HELD: usize = 0;
-const EXTRA_REPLICAS: usize = 1;
+const JUST_GIVEN: usize = 1;
+const EXTRA_REPLICAS: usize = 2;
 /// The slot of the NUMA level; bridge level `i` is the slot `NUMA + i`.
-const NUMA: usize = 2;
+const NUMA: usize = 3;
+
+/// What a choice steers away from before it weighs topology.
+#[derive(Clone, Copy, Debug)]
+pub struct Avoid<'a> {
+    /// EFAs (by advertised device id) that pods hold under foreign IDs.
+    pub foreign_held: &'a BTreeSet<String>,
+    /// IDs (as advertised, replicas included) that Allocate gave out lately.
+    pub just_given: &'a BTreeSet<String>,
+}
+
+impl Avoid<'_> {
+    pub const NOTHING: Avoid<'static> = Avoid {
+        foreign_held: &BTreeSet::new(),
+        just_given: &BTreeSet::new(),
+    };
+}
 
 /// How many of each kind of thing a choice spans, most important first; compared as a whole.
 type Cost = [u32; LEVELS];
@@ -45,7 +66,7 @@ type Cost = [u32; LEVELS];
 pub(crate) fn respond(
     inventory: &Inventory,
     sharing: Sharing,
-    foreign_held: &BTreeSet<String>,
+    avoid: Avoid,
     request: &PreferredAllocationRequest,
 ) -> PreferredAllocationResponse {
     PreferredAllocationResponse {
@@ -53,7 +74,7 @@ pub(crate) fn respond(
             .container_requests
             .iter()
             .map(|container| ContainerPreferredAllocationResponse {
-                device_i_ds: choose(inventory, sharing, foreign_held, container),
+                device_i_ds: choose(inventory, sharing, avoid, container),
             })
             .collect(),
     }
@@ -61,16 +82,15 @@ pub(crate) fn respond(
 
 /// The preferred IDs for one container, sorted: `allocation_size` of them when the offer holds
 /// that many usable ones, always including every offered must-include ID this plugin knows
-/// (even past the size: the kubelet gives those to the container regardless). `foreign_held`
-/// names the EFAs (by advertised device id) that pods hold under foreign IDs.
+/// (even past the size: the kubelet gives those to the container regardless).
 pub fn choose(
     inventory: &Inventory,
     sharing: Sharing,
-    foreign_held: &BTreeSet<String>,
+    avoid: Avoid,
     request: &ContainerPreferredAllocationRequest,
 ) -> Vec<String> {
     let size = usize::try_from(request.allocation_size).unwrap_or(0);
-    let candidates = candidates(inventory, sharing, foreign_held, request);
+    let candidates = candidates(inventory, sharing, avoid, request);
     let total: usize = candidates.iter().map(|c| c.replicas.len()).sum();
     let forced: usize = candidates.iter().map(Candidate::forced).sum();
     let want = size.min(total);
@@ -98,6 +118,7 @@ struct Replica<'a> {
     id: &'a str,
     number: u32,
     forced: bool,
+    just_given: bool,
 }
 
 /// An EFA with at least one usable offered ID, and where it sits.
@@ -110,7 +131,8 @@ struct Candidate<'a> {
     numa: Option<u32>,
     /// The bridges above the PCI function, outermost first.
     bridges: Vec<&'a str>,
-    /// Forced ones first, then by replica number: the order in which they are handed out.
+    /// Forced ones first, then those not given out lately, then by replica number: the order in
+    /// which they are handed out.
     replicas: Vec<Replica<'a>>,
 }
 
@@ -138,6 +160,15 @@ impl<'a> Candidate<'a> {
         self.replicas.iter().filter(|r| r.forced).count()
     }
 
+    /// How many of the first `count` replicas were given out lately.
+    fn just_given(&self, count: usize) -> usize {
+        self.replicas
+            .iter()
+            .take(count)
+            .filter(|r| r.just_given)
+            .count()
+    }
+
     fn take(&self, count: usize) -> impl Iterator<Item = &'a str> + '_ {
         self.replicas.iter().take(count).map(|r| r.id)
     }
@@ -148,7 +179,7 @@ impl<'a> Candidate<'a> {
 fn candidates<'a>(
     inventory: &'a Inventory,
     sharing: Sharing,
-    foreign_held: &BTreeSet<String>,
+    avoid: Avoid,
     request: &'a ContainerPreferredAllocationRequest,
 ) -> Vec<Candidate<'a>> {
     let must: BTreeSet<&str> = request
@@ -182,20 +213,25 @@ fn candidates<'a>(
                 Candidate {
                     device: &efa.id,
                     address: &efa.pci_address,
-                    foreign_held: foreign_held.contains(&efa.id),
+                    foreign_held: avoid.foreign_held.contains(&efa.id),
                     numa: efa.numa_node,
                     bridges,
                     replicas: Vec::new(),
                 }
             })
             .replicas
-            .push(Replica { id, number, forced });
+            .push(Replica {
+                id,
+                number,
+                forced,
+                just_given: avoid.just_given.contains(id),
+            });
     }
     let mut all: Vec<Candidate> = by_device.into_values().collect();
     for candidate in &mut all {
         candidate
             .replicas
-            .sort_unstable_by_key(|r| (!r.forced, r.number));
+            .sort_unstable_by_key(|r| (!r.forced, r.just_given, r.number));
     }
     all.sort_unstable_by(|a, b| {
         (a.numa, &a.bridges, a.address, a.device).cmp(&(b.numa, &b.bridges, b.address, b.device))
@@ -289,6 +325,7 @@ impl Node {
                 (count >= forced).then(|| {
                     let mut cost = Cost::default();
                     cost[FOREIGN_HELD] = u32::from(candidate.foreign_held && count > 0);
+                    cost[JUST_GIVEN] = candidate.just_given(count) as u32;
                     cost[EXTRA_REPLICAS] = count.saturating_sub(1) as u32;
                     cost
                 })
@@ -385,13 +422,13 @@ mod tests {
         must: &[String],
         size: i32,
     ) -> Vec<String> {
-        ask_avoiding(inventory, sharing, &BTreeSet::new(), available, must, size)
+        ask_avoiding(inventory, sharing, Avoid::NOTHING, available, must, size)
     }
 
     fn ask_avoiding(
         inventory: &Inventory,
         sharing: Sharing,
-        foreign_held: &BTreeSet<String>,
+        avoid: Avoid,
         available: &[String],
         must: &[String],
         size: i32,
@@ -399,7 +436,7 @@ mod tests {
         choose(
             inventory,
             sharing,
-            foreign_held,
+            avoid,
             &ContainerPreferredAllocationRequest {
                 available_device_i_ds: available.to_vec(),
                 must_include_device_i_ds: must.to_vec(),
@@ -416,12 +453,12 @@ mod tests {
         &inventory.get(sharing.parse(id).unwrap().0).unwrap().efa
     }
 
-    /// The objective computed directly from the chosen IDs: foreign-held EFAs, extra replicas,
-    /// NUMA nodes, then distinct path prefixes at each bridge depth.
+    /// The objective computed directly from the chosen IDs: foreign-held EFAs, IDs given out
+    /// lately, extra replicas, NUMA nodes, then distinct path prefixes at each bridge depth.
     fn cost(
         inventory: &Inventory,
         sharing: Sharing,
-        foreign_held: &BTreeSet<String>,
+        avoid: Avoid,
         chosen: &[String],
     ) -> Vec<usize> {
         let devices: BTreeMap<&str, &Efa> = chosen
@@ -431,9 +468,13 @@ mod tests {
             .collect();
         let held = devices
             .keys()
-            .filter(|id| foreign_held.contains(**id))
+            .filter(|id| avoid.foreign_held.contains(**id))
             .count();
-        let mut cost = vec![held, chosen.len() - devices.len()];
+        let given = chosen
+            .iter()
+            .filter(|id| avoid.just_given.contains(*id))
+            .count();
+        let mut cost = vec![held, given, chosen.len() - devices.len()];
         let numa: BTreeSet<Option<u32>> = devices.values().map(|e| e.numa_node).collect();
         cost.push(numa.len());
         for depth in 1..=MAX_BRIDGES {
@@ -459,7 +500,7 @@ mod tests {
     fn best_cost(
         inventory: &Inventory,
         sharing: Sharing,
-        foreign_held: &BTreeSet<String>,
+        avoid: Avoid,
         available: &[String],
         must: &[String],
         want: usize,
@@ -473,7 +514,7 @@ mod tests {
         loop {
             let chosen: Vec<String> = pick.iter().map(|&i| available[i].clone()).collect();
             if must.iter().all(|id| chosen.contains(id)) {
-                let c = cost(inventory, sharing, foreign_held, &chosen);
+                let c = cost(inventory, sharing, avoid, &chosen);
                 if best.as_ref().is_none_or(|b| c < *b) {
                     best = Some(c);
                 }
@@ -634,7 +675,6 @@ mod tests {
     fn every_shape_answers_as_locally_as_the_best_choice() {
         const MAX_SUBSETS: u64 = 5_000;
         let none = Sharing::default();
-        let held = BTreeSet::new();
         for shape in Shape::ALL {
             let inv = inventory(shape);
             let all = advertised(&inv, none);
@@ -649,8 +689,8 @@ mod tests {
                     }
                     let answer = ask(&inv, none, &all, must, k as i32);
                     assert_eq!(
-                        Some(cost(&inv, none, &held, &answer)),
-                        best_cost(&inv, none, &held, &all, must, k),
+                        Some(cost(&inv, none, Avoid::NOTHING, &answer)),
+                        best_cost(&inv, none, Avoid::NOTHING, &all, must, k),
                         "{shape:?} k={k} must={must:?}: {answer:?}"
                     );
                 }
@@ -693,7 +733,11 @@ mod tests {
         let all = advertised(&inv, Sharing::default());
         // A pod from before a migration holds both NUMA-0 EFAs under the AWS plugin's IDs.
         let held: BTreeSet<String> = ids(&["0000:10:1b.0", "0000:20:1b.0"]).into_iter().collect();
-        let avoiding = |size| ask_avoiding(&inv, Sharing::default(), &held, &all, &[], size);
+        let avoid = Avoid {
+            foreign_held: &held,
+            ..Avoid::NOTHING
+        };
+        let avoiding = |size| ask_avoiding(&inv, Sharing::default(), avoid, &all, &[], size);
         assert_eq!(avoiding(2), ["0000:90:1b.0", "0000:a0:1b.0"]);
         assert_eq!(avoiding(1), ["0000:90:1b.0"]);
         // Past the free ones, as few held EFAs as the request needs.
@@ -705,8 +749,45 @@ mod tests {
         );
         // What the kubelet requires is still given.
         let must = ids(&["0000:10:1b.0"]);
-        let forced = ask_avoiding(&inv, Sharing::default(), &held, &all, &must, 2);
+        let forced = ask_avoiding(&inv, Sharing::default(), avoid, &all, &must, 2);
         assert!(forced.contains(&must[0]), "{forced:?}");
+    }
+
+    #[test]
+    fn ids_given_out_lately_are_chosen_after_free_ones_and_foreign_held_ones_last() {
+        let inv = inventory(Shape::P4d);
+        let all = advertised(&inv, Sharing::default());
+        let given: BTreeSet<String> = ids(&["0000:10:1b.0", "0000:20:1b.0"]).into_iter().collect();
+        let held: BTreeSet<String> = ids(&["0000:90:1b.0"]).into_iter().collect();
+        let avoid = Avoid {
+            foreign_held: &held,
+            just_given: &given,
+        };
+        let asking =
+            |size, must: &[String]| ask_avoiding(&inv, Sharing::default(), avoid, &all, must, size);
+        assert_eq!(asking(1, &[]), ["0000:a0:1b.0"]);
+        // Past the free one, an ID given out lately before an EFA held under a foreign ID.
+        assert_eq!(asking(2, &[]), ["0000:10:1b.0", "0000:a0:1b.0"]);
+        assert_eq!(asking(4, &[]), all);
+        let must = ids(&["0000:20:1b.0"]);
+        assert_eq!(asking(2, &must), ["0000:20:1b.0", "0000:a0:1b.0"]);
+
+        // Under sharing, by replica: another replica of the same EFA is not avoided.
+        let sharing = shared(2);
+        let all = advertised(&inv, sharing);
+        let given: BTreeSet<String> = ids(&["0000:10:1b.0::0"]).into_iter().collect();
+        let avoid = Avoid {
+            just_given: &given,
+            ..Avoid::NOTHING
+        };
+        assert_eq!(
+            ask_avoiding(&inv, sharing, avoid, &all, &[], 1),
+            ["0000:10:1b.0::1"]
+        );
+        assert_eq!(
+            ask_avoiding(&inv, sharing, avoid, &all, &[], 2),
+            ["0000:10:1b.0::1", "0000:20:1b.0::0"]
+        );
     }
 
     #[test]
@@ -807,6 +888,7 @@ mod tests {
         fn answers_are_as_local_as_the_best_choice(
             (inv, n, available, must, size) in offer(9),
             held in proptest::collection::vec(any::<proptest::sample::Index>(), 0..3),
+            given in proptest::collection::vec(any::<proptest::sample::Index>(), 0..4),
         ) {
             let sharing = shared(n);
             let ids: Vec<&String> = inv.devices().map(|r| &r.efa.id).collect();
@@ -815,9 +897,15 @@ mod tests {
                 .filter(|_| !ids.is_empty())
                 .map(|i| ids[i.index(ids.len())].clone())
                 .collect();
-            let answer = ask_avoiding(&inv, sharing, &foreign_held, &available, &must, size);
-            let best = best_cost(&inv, sharing, &foreign_held, &available, &must, answer.len());
-            prop_assert_eq!(Some(cost(&inv, sharing, &foreign_held, &answer)), best);
+            let just_given: BTreeSet<String> = given
+                .iter()
+                .filter(|_| !available.is_empty())
+                .map(|i| available[i.index(available.len())].clone())
+                .collect();
+            let avoid = Avoid { foreign_held: &foreign_held, just_given: &just_given };
+            let answer = ask_avoiding(&inv, sharing, avoid, &available, &must, size);
+            let best = best_cost(&inv, sharing, avoid, &available, &must, answer.len());
+            prop_assert_eq!(Some(cost(&inv, sharing, avoid, &answer)), best);
         }
     }
 }

@@ -419,12 +419,13 @@ impl Collector for PluginCollector {
             }
             None => ConstGauge::new(0i64).encode(conflict)?,
         }
-        let (foreign, unseen_by_dra, stale) = {
+        let (foreign, unseen_by_dra, stale, double_booked) = {
             let holdings = self.holdings.borrow();
             (
                 holdings.foreign_ids(),
                 holdings.unseen_by_dra(&inventory),
                 holdings.stale,
+                holdings.double_booked.len(),
             )
         };
         let gauges = [
@@ -453,6 +454,13 @@ impl Collector for PluginCollector {
                 "1 while the kubelet's PodResources API fails and the pod view (allocations, \
                  foreign IDs) is its last good answer, kept for at most 5 minutes",
                 i64::from(stale),
+            ),
+            (
+                "efa_device_plugin_double_booked_devices",
+                "Devices (EFAs, or replicas under sharing) that the kubelet's PodResources lists \
+                 in two or more pods at once, in two answers in a row: the kubelet gave one ID \
+                 out twice (kubernetes PR #137534, every kubelet up to 1.37)",
+                i64::try_from(double_booked).unwrap_or(i64::MAX),
             ),
             (
                 "efa_device_plugin_rdma_netns_exclusive",

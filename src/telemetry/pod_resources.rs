@@ -1,5 +1,6 @@
 //! Which pod holds which EFA, from the kubelet's PodResources API: to label traffic with its
-//! pod, and to find IDs the kubelet counts as free although a pod holds their EFA.
+//! pod, to find IDs the kubelet counts as free although a pod holds their EFA, and to find EFAs
+//! it gave to two pods (`double_booking`).
 //!
 //! Polled in the background every rescan interval with a short deadline, into a
 //! [`Holdings`] snapshot that scrapes and GetPreferredAllocation read without waiting: a slow or
@@ -18,6 +19,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::double_booking::{Confirmed, Warned, detect};
 use crate::allocation::sharing::{self, Sharing};
 use crate::proto::podresources::{
     ListPodResourcesRequest, ListPodResourcesResponse,
@@ -131,13 +133,24 @@ impl PodResources {
         shutdown: CancellationToken,
     ) {
         let mut view = View::new(STALE_LIMIT.max(interval * 2));
+        let mut double_booked = Confirmed::default();
+        let mut warned_double = Warned::default();
         let mut rescans = Rescans::every(interval, shutdown);
         loop {
             let inventory = state.current();
-            let answer = self
-                .poll()
-                .await
-                .map(|response| derive(&response, &self.resource_name, &inventory, sharing));
+            let answer = self.poll().await.map(|response| {
+                let mut next = derive(&response, &self.resource_name, &inventory, sharing);
+                let names = Names::of(&inventory);
+                let found = detect(
+                    &response,
+                    &self.resource_name,
+                    |id| names.device_of(id),
+                    sharing,
+                );
+                next.double_booked = double_booked.observe(&found);
+                warned_double.warn(&next.double_booked);
+                next
+            });
             let current = holdings.borrow().clone();
             if let Some(next) = view.after(answer, &current, &inventory, Instant::now()) {
                 holdings.send_replace(Arc::new(next));

@@ -2,7 +2,7 @@
 //! the tests of pod attribution. Only `List` is served: it is all the plugin asks.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -42,6 +42,8 @@ pub fn pod(
 }
 
 pub struct PodResourcesStub {
+    pods: Arc<Mutex<Vec<PodResources>>>,
+    lists: Arc<AtomicUsize>,
     stall: Arc<AtomicBool>,
     refuse: Arc<Mutex<Option<Code>>>,
     stop: CancellationToken,
@@ -54,11 +56,14 @@ impl PodResourcesStub {
             std::fs::create_dir_all(dir)?;
         }
         let listener = uds::bind(socket)?;
+        let pods = Arc::new(Mutex::new(pods));
+        let lists = Arc::new(AtomicUsize::new(0));
         let stall = Arc::new(AtomicBool::new(false));
         let refuse = Arc::new(Mutex::new(None));
         let stop = CancellationToken::new();
         let service = Lister {
-            pods,
+            pods: pods.clone(),
+            lists: lists.clone(),
             stall: stall.clone(),
             refuse: refuse.clone(),
         };
@@ -68,10 +73,22 @@ impl PodResourcesStub {
             stop.clone(),
         );
         Ok(PodResourcesStub {
+            pods,
+            lists,
             stall,
             refuse,
             stop,
         })
+    }
+
+    /// From now on `List` answers `pods`, as the kubelet's answer changes when pods come and go.
+    pub fn serve(&self, pods: Vec<PodResources>) {
+        *self.pods.lock().unwrap_or_else(|e| e.into_inner()) = pods;
+    }
+
+    /// How many `List` calls have been answered.
+    pub fn lists(&self) -> usize {
+        self.lists.load(Ordering::SeqCst)
     }
 
     /// From now on `List` hangs, as an overloaded kubelet's would.
@@ -99,7 +116,8 @@ impl Drop for PodResourcesStub {
 }
 
 struct Lister {
-    pods: Vec<PodResources>,
+    pods: Arc<Mutex<Vec<PodResources>>>,
+    lists: Arc<AtomicUsize>,
     stall: Arc<AtomicBool>,
     refuse: Arc<Mutex<Option<Code>>>,
 }
@@ -116,9 +134,9 @@ impl PodResourcesLister for Lister {
         if self.stall.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_secs(60)).await;
         }
-        Ok(Response::new(ListPodResourcesResponse {
-            pod_resources: self.pods.clone(),
-        }))
+        let pod_resources = self.pods.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        Ok(Response::new(ListPodResourcesResponse { pod_resources }))
     }
 
     async fn get_allocatable_resources(

@@ -31,20 +31,21 @@ setup() {
 
 # ---------------------------------------------------------------- pods
 
-# write_pod NAME COUNT: a static pod asking for COUNT EFAs whose container
-# records what it sees in /dev/infiniband, once at start and then every
-# second, into $T/out/NAME/{ls,now}.
+# write_pod NAME COUNT [RESTART_POLICY SCRIPT]: a static pod asking for COUNT
+# EFAs whose container records what it sees in /dev/infiniband, once at start
+# and then every second, into $T/out/NAME/{ls,now}; or runs SCRIPT instead.
 write_pod() {
-	local name=$1 count=$2
+	local name=$1 count=$2 policy=${3:-Never}
+	local script=${4:-'ls -l /dev/infiniband >/out/ls 2>&1; while true; do ls -l /dev/infiniband >/out/now.tmp 2>&1; mv /out/now.tmp /out/now; sleep 1; done'}
 	mkdir -p "$T/out/$name"
 	cat >"$T/manifests.tmp/$name.json" <<-EOF
 		{"apiVersion": "v1", "kind": "Pod",
 		 "metadata": {"name": "$name", "namespace": "default"},
 		 "spec": {
-		  "hostNetwork": true, "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+		  "hostNetwork": true, "restartPolicy": "$policy", "terminationGracePeriodSeconds": 1,
 		  "containers": [{
 		   "name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-		   "command": ["sh", "-c", "ls -l /dev/infiniband >/out/ls 2>&1; while true; do ls -l /dev/infiniband >/out/now.tmp 2>&1; mv /out/now.tmp /out/now; sleep 1; done"],
+		   "command": ["sh", "-c", "$script"],
 		   "resources": {"limits": {"$RESOURCE": $count}},
 		   "volumeMounts": [{"name": "out", "mountPath": "/out"}]}],
 		  "volumes": [{"name": "out", "hostPath": {"path": "$T/out/$name", "type": "Directory"}}]}}
@@ -235,6 +236,65 @@ case_device_node_loss() {
 	wait_pod_running four-restored 4
 }
 
+# double_booked_stays_zero WHAT: over 3 s (6 polls of PodResources) the
+# plugin counts no double-booked EFA; else REASON names WHAT.
+double_booked_stays_zero() {
+	local i value
+	for i in 1 2 3 4 5 6; do
+		value=$(plugin_metrics | awk '$1 == "efa_device_plugin_double_booked_devices" {print $2}')
+		if [[ $value != 0 ]]; then
+			REASON="$WHAT: efa_device_plugin_double_booked_devices is '$value', want 0; plugin log: $(grep -m3 'double-booked' "$(plugin_log)" | paste -sd'|')"
+			return 1
+		fi
+		sleep 0.5
+	done
+}
+
+# holds_in_view NAME COUNT: the plugin's PodResources view shows static pod
+# NAME holding COUNT EFAs, so a gauge at 0 is a reading, not a blind spot.
+holds_in_view() {
+	(($(plugin_metrics | grep -c "^efa_device_allocation{.*pod=\"$1-$NODE\"") == $2))
+}
+
+restarts_of() { python3 "$HERE/lib/kubeinfo.py" restarts "http://127.0.0.1:$KUBELET_RO_PORT/pods" "$1-$NODE" 2>/dev/null; }
+restarted_twice() { (($(restarts_of "$1") >= 2)); }
+
+case_no_false_double_booking() {
+	local WHAT
+	ensure_plugin && remove_pods || return 1
+	# A Job-like pod takes every EFA and completes; it stays in the kubelet's
+	# pods, Succeeded, while a new pod gets the same 4 EFAs.
+	write_pod job 4 Never 'ls -l /dev/infiniband >/out/ls 2>&1; sleep 2'
+	if ! wait_until 60 pod_phase_is job Succeeded; then
+		REASON="pod job not Succeeded within 60s: $(pod_status job)"
+		return 1
+	fi
+	WHAT="completed pod" double_booked_stays_zero || return 1
+	write_pod after-job 4
+	wait_pod_running after-job 4 || return 1
+	if ! wait_until 20 holds_in_view after-job 4; then
+		REASON="the plugin's view never showed after-job with 4 EFAs: $(plugin_metrics | grep -c '^efa_device_allocation{') series"
+		return 1
+	fi
+	WHAT="completed pod, then a new pod on its EFAs" double_booked_stays_zero || return 1
+	# A container that keeps restarting keeps its 2 EFAs, next to a pod on
+	# the other 2.
+	remove_pods || return 1
+	write_pod restarter 2 Always 'sleep 1; exit 1'
+	write_pod beside 2
+	wait_pod_running beside 2 || return 1
+	if ! wait_until 90 restarted_twice restarter; then
+		REASON="pod restarter restarted $(restarts_of restarter) times in 90s, want 2: $(pod_status restarter)"
+		return 1
+	fi
+	if ! wait_until 20 holds_in_view restarter 2; then
+		REASON="the plugin's view never showed restarter with 2 EFAs"
+		return 1
+	fi
+	WHAT="restarted container" double_booked_stays_zero || return 1
+	remove_pods
+}
+
 # ---------------------------------------------------------------- cleanup
 
 cleanup() { stop_standalone; }
@@ -246,6 +306,7 @@ kubelet_cases() {
 	run_case "kubelet restart: the plugin re-registers; new pod runs" case_kubelet_restart
 	run_case "plugin restart: IDs and running pod are intact; new pod runs" case_plugin_restart
 	run_case "device loss: missing device node makes 4 unschedulable; restored node admits 4" case_device_node_loss
+	run_case "no false double booking: completed pod then a new pod on its EFAs, restarted container" case_no_false_double_booking
 }
 
 run_suite kubelet_cases

@@ -2,6 +2,7 @@
 
 pod URL NAME          phase, reason, uid and message of a pod in the kubelet's
                       /pods listing, tab-separated; "Absent" when not listed
+restarts URL NAME     restarts of the pod's containers, summed; 0 when not listed
 registered FILE RES   device IDs the device checkpoint lists as registered
 allocated FILE UID RES  device IDs the checkpoint records for a pod
 devices FILE UID RES  what the checkpoint records for a pod, one device a line:
@@ -28,6 +29,17 @@ def pod(url, name):
             print("\t".join(fields))
             return
     print("Absent")
+
+
+def restarts(url, name):
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        pods = json.load(resp)
+    count = 0
+    for p in pods.get("items") or []:
+        if p["metadata"]["name"] == name:
+            statuses = p.get("status", {}).get("containerStatuses") or []
+            count = sum(s.get("restartCount", 0) for s in statuses)
+    print(count)
 
 
 def checkpoint(path):
@@ -62,4 +74,4 @@ def devices(path, uid, resource):
 
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    {"pod": pod, "registered": registered, "allocated": allocated, "devices": devices}[cmd](*args)
+    {"pod": pod, "restarts": restarts, "registered": registered, "allocated": allocated, "devices": devices}[cmd](*args)

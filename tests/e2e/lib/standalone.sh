@@ -136,18 +136,22 @@ start_kubelet() {
 
 kubelet_log() { echo "$T/logs/kubelet.$KUBELET_STARTS.log"; }
 
-# start_plugin SYSFS_ROOT DEV_ROOT [FLAG...]: the plugin on a fake host,
-# FLAG... added.
+# start_plugin SYSFS_ROOT DEV_ROOT [FLAG...]: the plugin on a fake host, with
+# this kubelet's PodResources, FLAG... added.
 start_plugin() {
 	local sys=$1 dev=$2
 	shift 2
 	PLUGIN_STARTS=$((PLUGIN_STARTS + 1))
 	"$PLUGIN" --sysfs-root "$sys" --dev-root "$dev" --device-plugin-dir "$DP_DIR" \
+		--pod-resources-socket "$T/kubelet/root/pod-resources/kubelet.sock" \
 		--rescan-interval 500ms "$@" >"$(plugin_log)" 2>&1 9>&- &
 	PLUGIN_PID=$!
 }
 
 plugin_log() { echo "$T/logs/plugin.$PLUGIN_STARTS.log"; }
+
+# plugin_metrics: the plugin's /metrics text (its default address).
+plugin_metrics() { curl -sf --max-time 5 "http://127.0.0.1:9465/metrics"; }
 
 # Tab-separated phase, reason, uid, message of a static pod, or "Absent".
 pod_status() {
