@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use prometheus_client::metrics::counter::Counter;
 
 use crate::allocation::metrics::AllocationMetrics;
-use crate::allocation::{self, Allocator, Contributors, Delivery, DeviceSpecs};
+use crate::allocation::{self, Allocator, Contributors, Delivery, DeviceSpecs, FoundNodes};
 use crate::cdi::{self, CdiNames, Kind, SpecSettings};
 use crate::config::{DeviceListStrategy, Settings};
 use crate::conflict::Guard;
@@ -60,10 +60,17 @@ impl Plugin {
             settings.extra_device_nodes.clone(),
         );
         let contributors =
-            allocation::contributors(&settings.dev_root, &settings.allocate.env, extra);
+            allocation::contributors(&settings.dev_root, &settings.allocate.env, extra.clone());
         let allocations = Arc::new(AllocationMetrics::default());
         let mut tasks = self
-            .start_writers(settings, &strategy, &contributors, &allocations, &shutdown)
+            .start_writers(
+                settings,
+                &strategy,
+                &contributors,
+                &extra,
+                &allocations,
+                &shutdown,
+            )
             .await?;
         if !settings.extra_device_nodes.is_empty() {
             tasks.spawn(
@@ -84,6 +91,7 @@ impl Plugin {
         settings: &Settings,
         strategy: &Strategy,
         contributors: &Contributors,
+        extra: &FoundNodes,
         allocations: &AllocationMetrics,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Tasks> {
@@ -173,6 +181,7 @@ impl Plugin {
                     cdi::Sources {
                         state: self.state.reader(),
                         holdings: self.holdings.subscribe(),
+                        extra: extra.clone(),
                     },
                     self.spec_still_needed(settings),
                     shutdown.clone(),

@@ -8,7 +8,8 @@
 //! runtime applies once to any container that gets one of the devices.
 //!
 //! The module owns the spec file: one file per resource, `<vendor>-<class>.json` in the spec dir,
-//! rewritten through [`HostFile`] whenever the devices it describes change.
+//! rewritten through [`HostFile`] whenever the devices it describes or the extra device nodes
+//! it hands out change.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,7 +22,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::sharing::{self, Sharing};
-use crate::allocation::{self, Allocated, Contributors, Delivery};
+use crate::allocation::{self, Allocated, Contributors, Delivery, FoundNodes};
 use crate::discovery::Efa;
 use crate::hostfile::{HostFile, KeepOnExit};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
@@ -250,11 +251,14 @@ pub(crate) fn render(
 /// secret: device node paths, and `allocate.env`, which the plugin's config already shows.
 const SPEC_MODE: u32 = 0o644;
 
-/// What the spec is rendered from: the device snapshot, and the PodResources view for the
-/// foreign IDs pods hold.
+/// What the spec is rendered from: the device snapshot, the PodResources view for the
+/// foreign IDs pods hold, and the extra device nodes the contributors hand out (the same
+/// look-up's), so a node that appears after the start reaches the spec without waiting for an
+/// unrelated device change.
 pub(crate) struct Sources {
     pub state: DeviceReader,
     pub holdings: watch::Receiver<Arc<Holdings>>,
+    pub extra: FoundNodes,
 }
 
 /// Keeps the spec file in `dir` current until `shutdown`, then removes it; failed writes are
@@ -265,7 +269,11 @@ pub(crate) async fn run(
     settings: SpecSettings,
     recheck: Duration,
     failures: Counter,
-    Sources { state, holdings }: Sources,
+    Sources {
+        state,
+        holdings,
+        extra,
+    }: Sources,
     keep_on_exit: KeepOnExit,
     shutdown: CancellationToken,
 ) {
@@ -277,6 +285,7 @@ pub(crate) async fn run(
         failures: Some(failures),
         keep_on_exit: Some(keep_on_exit),
         holdings: Some(holdings),
+        also: Some(Box::pin(extra.changes())),
     };
     file.follow(
         state,

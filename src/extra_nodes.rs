@@ -5,8 +5,9 @@
 //! Each node is looked up below the dev root at start and at every rescan, with the
 //! `major:minor` the host gives it now: gdrdrv's major is dynamic, so a module reload may change
 //! it, and its install may come after the plugin's start. Allocate only reads the last result
-//! (`allocation::FoundNodes`). A node that is missing or not a character device is left out and
-//! logged, never fatal: a node without GDRCopy still serves its EFAs.
+//! (`allocation::FoundNodes`); a change of it has the CDI spec rendered again. A node that is
+//! missing or not a character device is left out and logged, never fatal: a node without
+//! GDRCopy still serves its EFAs.
 
 use std::collections::BTreeMap;
 use std::io;
@@ -246,6 +247,85 @@ mod tests {
             extra().is_empty(),
             "a directory is not handed to containers"
         );
+    }
+
+    /// The spec file's extra nodes as `path major:minor`, once it exists.
+    fn spec_extra(path: &Path) -> Option<Vec<String>> {
+        let spec: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+        let nodes = spec["containerEdits"]["deviceNodes"].as_array();
+        Some(
+            nodes
+                .into_iter()
+                .flatten()
+                .map(|n| {
+                    format!(
+                        "{} {}:{}",
+                        n["path"].as_str().unwrap(),
+                        n["major"],
+                        n["minor"]
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    async fn wait_for_spec(path: &Path, want: &[String]) {
+        for _ in 0..500 {
+            if spec_extra(path).as_deref() == Some(want) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "the spec's extra nodes stayed {:?}, not {want:?}",
+            spec_extra(path)
+        );
+    }
+
+    /// A gdrdrv loaded after the plugin started (after a reboot, the module often comes later)
+    /// must reach the spec at the look-up that finds it: with no device change, the spec would
+    /// lack it until the next restart, and every GIN container would abort.
+    #[tokio::test]
+    async fn the_cdi_spec_follows_a_node_that_appears_or_goes_after_the_start() {
+        let dev = tempfile::tempdir().unwrap();
+        let cdi_dir = tempfile::tempdir().unwrap();
+        let (mut lookup, found) = Lookup::start(dev.path().to_owned(), nodes(&["/dev/gdrdrv"]));
+        let kind = Kind::of("vpc.amazonaws.com/efa").unwrap();
+        let path = kind.spec_path(cdi_dir.path());
+        let state = crate::state::DeviceState::default();
+        state.apply(inventory(Shape::P4d).devices().cloned().collect());
+        let shutdown = CancellationToken::new();
+        let writer = tokio::spawn(cdi::run(
+            cdi_dir.path().to_owned(),
+            SpecSettings {
+                kind,
+                sharing: Default::default(),
+                contributors: allocation::contributors(dev.path(), &BTreeMap::new(), found.clone()),
+            },
+            // Longer than the test: only the look-up's change can rewrite the spec.
+            Duration::from_secs(3600),
+            Default::default(),
+            cdi::Sources {
+                state: state.reader(),
+                holdings: watch::channel(Default::default()).1,
+                extra: found,
+            },
+            Box::new(|| Box::pin(async { None })),
+            shutdown.clone(),
+        ));
+        wait_for_spec(&path, &[]).await;
+
+        let number = fake_gdrdrv(dev.path());
+        lookup.apply(look_up_all(&lookup.dev_root, &lookup.nodes));
+        wait_for_spec(&path, &[format!("/dev/gdrdrv {number}")]).await;
+
+        std::fs::remove_file(dev.path().join("gdrdrv")).unwrap();
+        lookup.apply(look_up_all(&lookup.dev_root, &lookup.nodes));
+        wait_for_spec(&path, &[]).await;
+
+        shutdown.cancel();
+        writer.await.unwrap();
     }
 
     #[test]

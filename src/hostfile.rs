@@ -17,6 +17,7 @@ use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use tokio::sync::watch;
+use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::state::{DeviceReader, Holdings, Inventory};
@@ -38,7 +39,14 @@ pub(crate) struct HostFile {
     /// The PodResources view, for a file that also names what pods hold: rendered again when
     /// it changes. Without it, renders see an empty view.
     pub holdings: Option<watch::Receiver<Arc<Holdings>>>,
+    /// Signals a change of something else the rendering reads, such as the extra device nodes
+    /// the CDI spec names: rendered again at each signal, not only at the next device change.
+    pub also: Option<Changes>,
 }
+
+/// Signals, one item per change, that what a rendering reads besides the snapshot changed; it
+/// ends when nothing will change any more.
+pub(crate) type Changes = Pin<Box<dyn Stream<Item = ()> + Send>>;
 
 /// Asked once on exit, after the last write: why the file must outlive the plugin, if it must.
 pub(crate) type KeepOnExit =
@@ -91,6 +99,7 @@ impl HostFile {
     ) {
         let mut devices = state.subscribe();
         let mut holdings = self.holdings.take();
+        let mut also = self.also.take();
         let mut written: Option<Written> = None;
         // The kind of error of the failing streak: the message names a random temp file, so
         // comparing messages would log every retry.
@@ -151,6 +160,12 @@ impl HostFile {
                         }
                         break;
                     }
+                    alive = signalled(&mut also) => {
+                        if !alive {
+                            also = None;
+                        }
+                        break;
+                    }
                     _ = pause(recheck) => {}
                 }
                 if failing.is_some() {
@@ -206,6 +221,14 @@ impl HostFile {
 async fn view_changed(view: &mut Option<watch::Receiver<Arc<Holdings>>>) -> bool {
     match view {
         Some(view) => view.changed().await.is_ok(),
+        None => std::future::pending().await,
+    }
+}
+
+/// Waits for the next signal; false once the signals end. Forever without any.
+async fn signalled(changes: &mut Option<Changes>) -> bool {
+    match changes {
+        Some(changes) => changes.next().await.is_some(),
         None => std::future::pending().await,
     }
 }
@@ -271,6 +294,7 @@ mod tests {
             failures: Some(failures.clone()),
             keep_on_exit: None,
             holdings: None,
+            also: None,
         };
         let state = DeviceState::default();
         state.apply(inventory(Shape::P4d).devices().cloned().collect());

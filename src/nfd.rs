@@ -62,6 +62,7 @@ pub(crate) async fn run(
         failures: None,
         keep_on_exit: None,
         holdings: None,
+        also: None,
     };
     file.follow(state, |inventory, _| Some(render(inventory)), shutdown)
         .await

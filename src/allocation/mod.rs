@@ -30,6 +30,8 @@ use preferred::Avoid;
 use recent::Recent;
 use sharing::Sharing;
 use tokio::sync::watch;
+use tokio_stream::wrappers::WatchStream;
+use tokio_stream::{Stream, StreamExt};
 
 /// Where the container finds a device node. It must equal the host's own path, because
 /// libibverbs pairs `/sys/class/infiniband_verbs/uverbsN` with `/dev/infiniband/uverbsN`.
@@ -183,6 +185,16 @@ impl FoundNodes {
     /// No extra node, as without `--extra-device-nodes`.
     pub fn none() -> Self {
         FoundNodes(watch::channel(Arc::from([])).1)
+    }
+
+    /// One item each time the look-up finds something else after this call (a node appears,
+    /// goes, or gets another number), for a file that names the nodes, the CDI spec, to be
+    /// rendered again; a device-specs answer reads them at each Allocate instead. Ends when
+    /// the look-up stops.
+    pub fn changes(&self) -> impl Stream<Item = ()> + Send + 'static {
+        let mut found = self.0.clone();
+        found.borrow_and_update();
+        WatchStream::from_changes(found).map(|_| ())
     }
 }
 
