@@ -166,8 +166,9 @@ new_pod_gets_free() {
 	fi
 }
 
-# metric POD NAME: the value of an unlabelled metric in the pod's /metrics.
-metric() { scrape "$1" | awk -v n="$2" '$1 == n { print $2 }'; }
+# metric POD NAME: the value of NAME's series, labelled or not (efa_device_plugin_dra_conflict
+# names its driver while it is 1).
+metric() { scrape "$1" | awk -v n="$2" '{ name = $1; sub(/\{.*/, "", name) } name == n { print $NF }'; }
 
 readyz_code() {
 	curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$(pod_field "$1" '{.status.podIP}' "$NS"):9465/readyz"
