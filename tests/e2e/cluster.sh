@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # shellcheck source-path=SCRIPTDIR
 # End-to-end test of what users install: the container image, the kustomize
-# manifests and the Helm chart, on a real single-node cluster on this host
-# (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and
+# manifests and the Helm chart, on a real cluster on this host (etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelets and
 # containerd 2, all built from upstream), driven only through the Kubernetes
-# API with kubectl and helm. The EFAs are a fake p4d-shaped sysfs tree plus
-# real character devices at the real /dev/infiniband.
+# API with kubectl and helm. Most cases run on one node, efa-a, whose EFAs are
+# a fake p4d-shaped sysfs tree plus real character devices at the real
+# /dev/infiniband; the fleet cases (cluster/fleet.sh) then add nodes of other
+# shapes, each in its own mount namespace (lib/nodes.sh).
 #
 # Needs root. Prints one line per case and "N passed, M failed" last; exits
 # non-zero on any failure. Leaves the host as it found it, also on failure.
@@ -20,6 +22,9 @@ set -uo pipefail
 # shellcheck source=SCRIPTDIR/lib/suite.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib/suite.sh"
 source "$HERE/lib/cluster.sh"
+source "$HERE/lib/nodes.sh"
+# The node every single-node case runs on; the fleet cases (cluster/fleet.sh) add more.
+NODE=efa-a
 # The case groups, by what they test.
 source "$HERE/cluster/install.sh"
 source "$HERE/cluster/workloads.sh"
@@ -30,7 +35,7 @@ source "$HERE/cluster/cdi-restart.sh"
 source "$HERE/cluster/gdrdrv.sh"
 source "$HERE/cluster/dra.sh"
 source "$HERE/cluster/arm64.sh"
-NODE=efa-e2e
+source "$HERE/cluster/fleet.sh"
 NS=kube-system
 DS=efa-device-plugin
 IMAGE=localhost/efa-device-plugin:e2e
@@ -47,7 +52,7 @@ SERVICE_SUBNET=198.18.1.0/24
 ETCD_PORT=23790
 APISERVER_PORT=16443
 KUBELET_HEALTHZ_PORT=10248
-HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /run/netns /var/lib/cni /opt/containerd /etc/cni /run/efa-device-plugin-e2e /dev/infiniband /run/cdi /etc/cdi)
+HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /run/nri /run/netns /var/lib/cni /opt/containerd /etc/cni /run/efa-device-plugin-e2e /dev/infiniband /run/cdi /etc/cdi)
 # The propagation of the /dev mount before the run; see make_dev_shared.
 DEV_PROPAGATION=
 TEST_VALUES=$HERE/cluster/values-e2e.yaml
@@ -64,13 +69,31 @@ DAEMONS=()
 
 # ---------------------------------------------------------------- setup
 
-# start_daemon NAME CMD...: runs CMD in the background, logging to logs/NAME.
+# start_daemon NAME CMD...: runs CMD in the background, logging to logs/NAME
+# (appended to, as a daemon started again after a stop adds to its log).
 start_daemon() {
 	local name=$1
 	shift
-	"$@" >"$T/logs/$name.log" 2>&1 9>&- &
+	"$@" >>"$T/logs/$name.log" 2>&1 9>&- &
+	[[ -n ${PIDS[$name]+set} ]] || DAEMONS+=("$name")
 	PIDS[$name]=$!
-	DAEMONS+=("$name")
+}
+
+# stop_daemon NAME: stops what start_daemon NAME started, if it runs; a
+# node's containerd with every container and shim it started. A shim whose
+# task is gone (a pod sandbox's, say) has no pid file left to find it by, so
+# shims are also found by the containerd address they were started with.
+stop_daemon() {
+	local name=$1 home
+	[[ -n ${PIDS[$name]:-} ]] || return 0
+	if [[ $name == containerd-* ]]; then
+		home=$(node_home "${name#containerd-}")
+		kill_containerd "$home/containerd/containerd.sock" "$home/containerd/state" "${PIDS[$name]}"
+		pkill -KILL -f -- "-address $home/containerd/containerd.sock( |$)"
+	else
+		stop_pid "${PIDS[$name]}" 30
+	fi
+	PIDS[$name]=
 }
 
 # make_pki: a CA, the API server's serving certificate, client certificates
@@ -86,11 +109,10 @@ make_pki() {
 		openssl rsa -in "$p/sa.key" -pubout -out "$p/sa.pub" 2>/dev/null || return 1
 	printf 'subjectAltName=IP:127.0.0.1,IP:%s,IP:%s,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default\n' \
 		"$NODE_IP" "${SERVICE_SUBNET%.0/24}.1" >"$p/apiserver.ext"
-	for name in apiserver admin kubelet kubelet-client; do
+	for name in apiserver admin kubelet-client; do
 		case $name in
 		apiserver) subject=/CN=kube-apiserver ;;
 		admin) subject=/O=system:masters/CN=efa-e2e-admin ;;
-		kubelet) subject=/O=system:nodes/CN=system:node:$NODE ;;
 		kubelet-client) subject=/O=system:masters/CN=kube-apiserver-kubelet-client ;;
 		esac
 		extensions=()
@@ -100,7 +122,7 @@ make_pki() {
 				-days 2 -out "$p/$name.crt" "${extensions[@]}" 2>/dev/null ||
 			return 1
 	done
-	write_kubeconfig admin && write_kubeconfig kubelet
+	write_kubeconfig admin && make_node_identity "$NODE"
 }
 
 write_kubeconfig() {
@@ -127,14 +149,7 @@ make_pod_network() {
 	ip link add "$BRIDGE" type bridge &&
 		ip addr add "$NODE_IP/24" dev "$BRIDGE" &&
 		ip link set "$BRIDGE" up || return 1
-	mkdir -p "$T/cni/net.d"
-	cat >"$T/cni/net.d/10-efa-e2e.conflist" <<-EOF
-		{"cniVersion": "0.4.0", "name": "efa-e2e", "plugins": [
-		  {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": false,
-		   "ipam": {"type": "host-local", "dataDir": "$T/cni/ipam",
-		            "ranges": [[{"subnet": "$POD_SUBNET", "rangeStart": "${NODE_IP%.1}.10", "gateway": "$NODE_IP"}]]}},
-		  {"type": "loopback"}]}
-	EOF
+	write_node_network "$NODE"
 }
 
 start_etcd() {
@@ -178,82 +193,11 @@ start_control_plane() {
 		wait_until 60 k -n default get serviceaccount default >/dev/null 2>&1
 }
 
-start_containerd() {
-	local c=$T/containerd
-	mkdir -p "$c/root" "$c/state" "$c/opt"
-	# restrict_oom_score_adj: without CAP_SYS_RESOURCE (as in some VMs and
-	# containers) nothing may lower oom_score_adj, which CRI otherwise does
-	# for every sandbox, failing them all. CDI is on, as by default in 2.x.
-	cat >"$c/config.toml" <<-EOF
-		version = 3
-		root = "$c/root"
-		state = "$c/state"
-		[grpc]
-		  address = "$c/containerd.sock"
-		[plugins.'io.containerd.internal.v1.opt']
-		  path = "$c/opt"
-		[plugins.'io.containerd.grpc.v1.cri']
-		  stream_server_address = "127.0.0.1"
-		[plugins.'io.containerd.cri.v1.images'.pinned_images]
-		  sandbox = "localhost/pause:1"
-		[plugins.'io.containerd.cri.v1.runtime']
-		  enable_cdi = true
-		  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
-		  restrict_oom_score_adj = true
-		  [plugins.'io.containerd.cri.v1.runtime'.cni]
-		    bin_dirs = ["/usr/lib/cni"]
-		    conf_dir = "$T/cni/net.d"
-	EOF
-	# The shim is looked up on PATH: ours, not an older one the host has.
-	start_daemon containerd env PATH="$CONTAINERD_BIN:$PATH" "$CONTAINERD_BIN/containerd" --config "$c/config.toml"
-	wait_until 30 ctr_k8s version >/dev/null 2>&1 || return 1
-	import_test_images /bin/busybox &&
-		ctr_k8s images import --all-platforms "$T/images/index.tar" >&2
-}
+# ctr in the k8s.io namespace of the single-node cases' node.
+ctr_k8s() { ctr_on "$NODE" "$@"; }
 
-ctr_k8s() { "$CONTAINERD_BIN/ctr" --address "$T/containerd/containerd.sock" --namespace k8s.io "$@"; }
-
-start_kubelet() {
-	local cgroups
-	cgroups=$(kubelet_cgroup_settings)
-	mkdir -p "$T/kubelet"
-	# The kubelet's root is the real /var/lib/kubelet: the shipped manifests
-	# mount its pod-resources and plugins_registry dirs from there.
-	cat >"$T/kubelet/config.yaml" <<-EOF
-		apiVersion: kubelet.config.k8s.io/v1beta1
-		kind: KubeletConfiguration
-		address: $NODE_IP
-		port: 10250
-		readOnlyPort: 0
-		healthzBindAddress: 127.0.0.1
-		healthzPort: $KUBELET_HEALTHZ_PORT
-		authentication:
-		  anonymous: {enabled: false}
-		  webhook: {enabled: false}
-		  x509: {clientCAFile: $T/pki/ca.crt}
-		authorization: {mode: AlwaysAllow}
-		$cgroups
-		containerRuntimeEndpoint: unix://$T/containerd/containerd.sock
-		featureGates: {ResourceHealthStatus: true}
-		nodeStatusUpdateFrequency: ${NODE_STATUS_PERIOD}s
-		syncFrequency: 5s
-		makeIPTablesUtilChains: false
-		resolvConf: ""
-		imageGCHighThresholdPercent: 100
-		imageGCLowThresholdPercent: 99
-		evictionHard: {memory.available: 1Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
-	EOF
-	start_daemon kubelet "$BIN/kubelet" --config "$T/kubelet/config.yaml" \
-		--kubeconfig "$T/pki/kubelet.kubeconfig" --cert-dir "$T/kubelet/pki" \
-		--hostname-override "$NODE" --node-ip "$NODE_IP" --v=2
-	wait_until 60 curl -sf "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz" -o /dev/null &&
-		wait_until 120 node_ready
-}
+# How often every kubelet of the suite reports node status; cases wait on it.
 NODE_STATUS_PERIOD=10
-
-node_ready() {
-	[[ $(k get node "$NODE" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
-}
 
 # build_image: the multi-arch image, the Dockerfile's final stage run by
 # buildah for amd64 and arm64 on the static binaries the build stage would make
@@ -288,6 +232,8 @@ setup() {
 
 	make_run_dir efa-dp-cluster
 	mkdir -p "$T/images"
+	define_node "$NODE" 0
+	IMAGES_FOR_NODES=("$T/images/index.tar")
 	KUBECONFIG=$T/pki/admin.kubeconfig
 	export HELM_CACHE_HOME=$T/helm/cache HELM_CONFIG_HOME=$T/helm/config HELM_DATA_HOME=$T/helm/data
 	remember_host_state "${HOST_PATHS[@]}"
@@ -297,15 +243,16 @@ setup() {
 
 	note "building the amd64 and arm64 images with buildah"
 	build_image || fail_setup "image build failed: $(tail -3 "$T/logs/buildah.log" | paste -sd'|')"
+	make_test_images /bin/busybox || fail_setup "cannot make the busybox and pause images"
 	make_fixtures || fail_setup "cannot build the fake EFA host"
 	make_pki || fail_setup "cannot make certificates"
 	make_pod_network || fail_setup "cannot create bridge $BRIDGE"
 	note "starting etcd, the control plane, containerd and the kubelet"
 	start_etcd || fail_setup "etcd not healthy within 30s: $(tail -3 "$T/logs/etcd.log" | paste -sd'|')"
 	start_control_plane || fail_setup "control plane not ready: $(tail -3 "$T/logs/kube-apiserver.log" | paste -sd'|')"
-	start_containerd || fail_setup "containerd did not start or import images: $(tail -3 "$T/logs/containerd.log" | paste -sd'|')"
+	start_node_containerd "$NODE" || fail_setup "containerd did not start or import images: $(tail -3 "$T/logs/containerd-$NODE.log" | paste -sd'|')"
 	arm64_setup || fail_setup "cannot register qemu-aarch64 in binfmt_misc or import the arm64 image"
-	start_kubelet || fail_setup "node $NODE not Ready within 120s: $(tail -3 "$T/logs/kubelet.log" | paste -sd'|')"
+	start_node_kubelet "$NODE" || fail_setup "node $NODE not Ready within 120s: $(tail -3 "$T/logs/kubelet-$NODE.log" | paste -sd'|')"
 	note "cluster up in $((SECONDS - start))s"
 }
 
@@ -329,18 +276,16 @@ make_dev_shared() {
 # ---------------------------------------------------------------- cleanup
 
 cleanup() {
-	local i name
+	local i
 	# The pods first, while the kubelet can still stop them, so the plugin
 	# gets its SIGTERM and nothing is left to kill by force.
-	[[ -n ${PIDS[kubelet]:-} ]] && alive "${PIDS[kubelet]}" &&
+	[[ -n ${PIDS[kubelet-$NODE]:-} ]] && alive "${PIDS[kubelet-$NODE]}" &&
 		k delete pods,jobs,daemonsets --all -A --wait --timeout=60s >/dev/null 2>&1
 	for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
-		name=${DAEMONS[$i]}
-		if [[ $name == containerd ]]; then
-			kill_containerd "$T/containerd/containerd.sock" "$T/containerd/state" "${PIDS[$name]}"
-		else
-			stop_pid "${PIDS[$name]}" 30
-		fi
+		stop_daemon "${DAEMONS[$i]}"
+	done
+	for i in "${NODE_MOUNTS[@]}"; do
+		kill_in_mount_namespace "$i"
 	done
 	ip link del "$BRIDGE" 2>/dev/null
 	# Before restore_host_state, which unmounts what the run mounted.
@@ -374,6 +319,7 @@ cluster_cases() {
 	run_case "(16) extra-device-nodes: a Job sees /dev/gdrdrv next to exactly its 2 uverbs nodes" case_gdrdrv
 	dra_cases
 	arm64_cases
+	fleet_cases
 }
 
 run_suite cluster_cases

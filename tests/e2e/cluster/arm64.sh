@@ -94,7 +94,3 @@ plugin_process_exe() {
 	pid=$(ctr_k8s tasks ls 2>/dev/null | awk -v id="$(plugin_container_id)" '$1 == id { print $2 }')
 	[[ -n $pid ]] && readlink -f "/proc/$pid/exe"
 }
-
-plugin_container_id() {
-	pod_field "$(ready_plugin_pod)" '{.status.containerStatuses[0].containerID}' "$NS" | sed 's#^containerd://##'
-}

@@ -166,10 +166,6 @@ new_pod_gets_free() {
 	fi
 }
 
-# metric POD NAME: the value of NAME's series, labelled or not (efa_device_plugin_dra_conflict
-# names its driver while it is 1).
-metric() { scrape "$1" | awk -v n="$2" '{ name = $1; sub(/\{.*/, "", name) } name == n { print $NF }'; }
-
 readyz_code() {
 	curl -s -o /dev/null -w '%{http_code}' --max-time 2 "http://$(pod_field "$1" '{.status.podIP}' "$NS"):9465/readyz"
 }
@@ -204,17 +200,17 @@ below_4() {
 # "Device plugin connected": how long the kubelet counted no EFA allocatable,
 # which the node object, posted every NODE_STATUS_PERIOD, may not show.
 kubelet_gap() {
-	tail -n +"$(($1 + 1))" "$T/logs/kubelet.log" | grep -F "\"$RESOURCE\"" |
+	tail -n +"$(($1 + 1))" "$T/logs/kubelet-$NODE.log" | grep -F "\"$RESOURCE\"" |
 		awk '/Endpoint became unhealthy/ && !down { split($2, a, ":"); down = 1; t = a[1] * 3600 + a[2] * 60 + a[3] }
 			/Device plugin connected/ && down { split($2, a, ":"); gap += a[1] * 3600 + a[2] * 60 + a[3] - t; down = 0 }
 			END { printf "%.3f\n", gap }'
 }
 
 kubelet_registrations() {
-	tail -n +"$(($1 + 1))" "$T/logs/kubelet.log" | grep -c "Got registration request from device plugin with resource.*\"$RESOURCE\""
+	tail -n +"$(($1 + 1))" "$T/logs/kubelet-$NODE.log" | grep -c "Got registration request from device plugin with resource.*\"$RESOURCE\""
 }
 
-kubelet_log_lines() { wc -l <"$T/logs/kubelet.log"; }
+kubelet_log_lines() { wc -l <"$T/logs/kubelet-$NODE.log"; }
 
 # on_clean_node FN: runs FN between two resets: no pod in the default
 # namespace, neither plugin installed. Returns FN's status.

@@ -10,11 +10,13 @@ k() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
 kns() { k -n "$NS" "$@"; }
 helm() { "$HELM" --kubeconfig "$KUBECONFIG" "$@"; }
 
+# allocatable [NODE]: NODE's allocatable EFAs (the single-node cases' node by default).
 allocatable() {
-	k get node "$NODE" -o jsonpath="{.status.allocatable.${RESOURCE//./\\.}}" 2>/dev/null
+	k get node "${1:-$NODE}" -o jsonpath="{.status.allocatable.${RESOURCE//./\\.}}" 2>/dev/null
 }
 
-allocatable_is() { [[ $(allocatable) == "$1" ]]; }
+# allocatable_is COUNT [NODE]
+allocatable_is() { [[ $(allocatable "${2:-}") == "$1" ]]; }
 
 # allocatable_settles_at_4 WHEN: allocatable reaches 4 within a node-status
 # period and 30s; otherwise REASON names WHEN ("after the install").
@@ -24,9 +26,11 @@ allocatable_settles_at_4() {
 	return 1
 }
 
-# The one plugin pod that is Ready and not terminating; empty otherwise.
+# ready_plugin_pod [NODE]: the one plugin pod on NODE (the single-node cases'
+# node by default) that is Ready and not terminating; empty otherwise.
 ready_plugin_pod() {
-	kns get pods -l app.kubernetes.io/name=efa-device-plugin -o json 2>/dev/null | python3 -c '
+	kns get pods -l app.kubernetes.io/name=efa-device-plugin --field-selector "spec.nodeName=${1:-$NODE}" \
+		-o json 2>/dev/null | python3 -c '
 import json, sys
 pods = [p for p in json.load(sys.stdin)["items"]
         if not p["metadata"].get("deletionTimestamp")
@@ -34,7 +38,8 @@ pods = [p for p in json.load(sys.stdin)["items"]
 print(pods[0]["metadata"]["name"] if len(pods) == 1 else "")'
 }
 
-has_ready_plugin_pod() { [[ -n $(ready_plugin_pod) ]]; }
+# has_ready_plugin_pod [NODE]
+has_ready_plugin_pod() { [[ -n $(ready_plugin_pod "${1:-}") ]]; }
 
 no_plugin_pod() { [[ -z $(kns get pods -l app.kubernetes.io/name=efa-device-plugin -o name 2>/dev/null) ]]; }
 
@@ -48,12 +53,14 @@ allocated_ids() {
 		paste -sd' '
 }
 
-# workload NAME KIND COUNT: a Job (KIND=job) or a long-running Pod (KIND=pod)
-# whose container lists /dev/infiniband and prints FI_PROVIDER, then waits:
-# the Job long enough for its allocation to be read, the Pod until deleted.
+# workload NAME KIND COUNT [NODE]: a Job (KIND=job) or a long-running Pod
+# (KIND=pod) whose container lists /dev/infiniband and prints FI_PROVIDER,
+# then waits: the Job long enough for its allocation to be read, the Pod until
+# deleted. With NODE, it may run on NODE only.
 workload() {
-	local name=$1 kind=$2 count=$3 wait=5
+	local name=$1 kind=$2 count=$3 wait=5 pin=
 	[[ $kind == pod ]] && wait=100000
+	[[ -n ${4:-} ]] && pin="\"nodeSelector\": {\"kubernetes.io/hostname\": \"$4\"},"
 	local container
 	container=$(
 		cat <<-EOF
@@ -66,12 +73,12 @@ workload() {
 		k apply -f - <<-EOF
 			{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "$name", "namespace": "default"},
 			 "spec": {"backoffLimit": 0, "template": {"spec": {
-			   "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}}}
+			   $pin "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}}}
 		EOF
 	else
 		k apply -f - <<-EOF
 			{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$name", "namespace": "default"},
-			 "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}
+			 "spec": {$pin "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}
 		EOF
 	fi
 }
@@ -131,6 +138,16 @@ scrape() {
 	local ip
 	ip=$(pod_field "$1" '{.status.podIP}' "$NS")
 	curl -sf --max-time 5 "http://$ip:9465/metrics"
+}
+
+# metric POD NAME: the value of NAME's series, labelled or not (efa_device_plugin_dra_conflict
+# names its driver while it is 1).
+metric() { scrape "$1" | awk -v n="$2" '{ name = $1; sub(/\{.*/, "", name) } name == n { print $NF }'; }
+
+# plugin_container_id [POD]: the containerd ID of the plugin container in POD
+# (the Ready plugin pod on the single-node cases' node by default).
+plugin_container_id() {
+	pod_field "${1:-$(ready_plugin_pod)}" '{.status.containerStatuses[0].containerID}' "$NS" | sed 's#^containerd://##'
 }
 
 # plugin_installed_ok: a Ready plugin pod on the pod network, with the

@@ -119,12 +119,17 @@ take_lock() {
 
 # remember_host_state PATH...: records which of PATH... exist and what they
 # hold, the kubelet's tunables, cgroups, mounts and firewall rules.
-# import_test_images BUSYBOX: a busybox image and a pause image, both made from
-# the static busybox binary BUSYBOX, imported with the suite's ctr_k8s.
-import_test_images() {
+# make_test_images BUSYBOX: a busybox image and a pause image, both made from
+# the static busybox binary BUSYBOX, as T/images/busybox.tar and pause.tar.
+make_test_images() {
 	mkdir -p "$T/images"
 	python3 "$HERE/lib/oci-image.py" "$1" localhost/busybox:1 "$T/images/busybox.tar" sh &&
-		python3 "$HERE/lib/oci-image.py" "$1" localhost/pause:1 "$T/images/pause.tar" sleep 2147483647 &&
+		python3 "$HERE/lib/oci-image.py" "$1" localhost/pause:1 "$T/images/pause.tar" sleep 2147483647
+}
+
+# import_test_images BUSYBOX: make_test_images, imported with the suite's ctr_k8s.
+import_test_images() {
+	make_test_images "$1" &&
 		ctr_k8s images import "$T/images/busybox.tar" >&2 &&
 		ctr_k8s images import "$T/images/pause.tar" >&2
 }
