@@ -7,9 +7,11 @@
 # per node, placement by each node's count, rollouts and restarts that touch
 # one node at a time, a drain.
 #
-# Sourced by cluster.sh. The fleet comes up with the first fleet case that
-# runs and stays up to the end of the run, so the single-node cases, which run
-# before, see efa-a alone. Each case pins its pods to the nodes it is about.
+# Sourced by cluster.sh; besides lib/cluster.sh's helpers it uses
+# migration.sh's releases and stand-in and dra.sh's SCOPE_LABEL. The fleet
+# comes up with the first fleet case that runs and stays up to the end of the
+# run, so the single-node cases, which run before, see efa-a alone. Each case
+# pins its pods to the nodes it is about.
 
 FLEET_B=efa-b
 FLEET_PLAIN=plain
@@ -319,9 +321,6 @@ trainer_summary() { k get pods -l app=trainer -o wide --no-headers 2>&1 | paste 
 
 no_trainer() { [[ -z $(k get pods -l app=trainer -o name 2>/dev/null) ]]; }
 
-# The label nodeScope.mode=labelled and manifests/labelled select on.
-SCOPE_LABEL=efa-device-plugin/enabled
-
 # plugin_nodes: the nodes with a plugin pod that is not terminating, sorted, on one line.
 plugin_nodes() {
 	kns get pods -l app.kubernetes.io/name=efa-device-plugin -o json 2>/dev/null | python3 -c '
@@ -613,6 +612,26 @@ deploy_running_on_a() {
 # klog_seconds LINE: the time of day of a klog LINE, in seconds.
 klog_seconds() { awk '{ split($2, t, ":"); printf "%.3f\n", t[1] * 3600 + t[2] * 60 + t[3] }' <<<"$1"; }
 
+# plugin_start_ms NODE: from the "starting" line of NODE's plugin to its first
+# "registered with the kubelet", in its log.
+plugin_start_ms() {
+	kns logs "$(ready_plugin_pod "$1")" 2>/dev/null | python3 -c '
+import datetime, json, sys
+seen = {}
+for line in sys.stdin:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        continue
+    message = record.get("message")
+    if message in ("starting", "registered with the kubelet") and message not in seen:
+        seen[message] = datetime.datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00"))
+if len(seen) == 2:
+    print(round((seen["registered with the kubelet"] - seen["starting"]).total_seconds() * 1000))
+else:
+    print("?")'
+}
+
 # registration_logged LOG MARK: the first line after line MARK of the kubelet
 # LOG that records a registration of the plugin's resource.
 registration_logged() {
@@ -657,7 +676,7 @@ case_fleet_reboot() {
 		fi
 	done
 	fleet_serving "$NODE" || return 1
-	CASE_DETAIL="kubelet start to Register ${window}s; pods (name phase reason restarts): $outcome"
+	CASE_DETAIL="kubelet start to Register ${window}s, of which the plugin's own start to Register $(plugin_start_ms "$NODE") ms; pods (name phase reason restarts): $outcome"
 	note "F6 reboot: $CASE_DETAIL"
 	k delete deployment rb-deploy --wait >/dev/null
 	k delete pods --all -n default --wait >/dev/null

@@ -232,13 +232,15 @@ start_node() {
 # stop_node NODE: what a power-off does to NODE: its kubelet stopped, every
 # container and shim of its containerd killed, its containerd stopped. Disks
 # stay (the kubelet's dir, containerd's root); what lives in /run goes
-# (containerd's state dir).
+# (containerd's state dir, the CDI specs in /run/cdi).
 stop_node() {
 	local node=$1 home
 	home=$(node_home "$node")
 	stop_daemon "kubelet-$node"
 	stop_daemon "containerd-$node"
 	rm -rf "$home/containerd/state"
+	on_node "$node" find /run/cdi -mindepth 1 -delete 2>/dev/null
+	return 0
 }
 
 # add_node NODE SLOT: a further node in its own namespaces, with the fixtures
@@ -270,6 +272,9 @@ remove_node() {
 	kill_in_mount_namespace "${NODE_MOUNTS[$node]}"
 	unset "NODE_HOLDER[$node]" "NODE_MOUNTS[$node]"
 	ip addr del "${NODE_ADDR[$node]}/24" dev "$BRIDGE" 2>/dev/null
+	# The next node in this slot hands out the same pod addresses: the host must
+	# not keep sending to the MACs of this node's pods.
+	ip neigh flush dev "$BRIDGE" 2>/dev/null
 	for hierarchy in "$NODE_CGROUP_PARENT"/*/; do
 		remove_cgroup_tree "$hierarchy/efa-e2e-$node"
 	done
