@@ -65,14 +65,38 @@ kube_binaries() {
 	printf '%s\n' "$dir"
 }
 
+# The Go toolchain for a Kubernetes version whose go.mod asks for a newer Go
+# than this machine's (v1.38 asks for 1.27): one the module proxy serves, which
+# the go command fetches itself.
+KUBE_NEWER_TOOLCHAIN=go1.27.3
+
+# kube_module_gomod WORK: the path of k8s.io/kubernetes's own go.mod at
+# $KUBE_VERSION, downloaded from WORK, a dir without a go.mod.
+kube_module_gomod() {
+	(cd "$1" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION") |
+		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p'
+}
+
+# use_kube_toolchain GOMOD: GOTOOLCHAIN set to KUBE_NEWER_TOOLCHAIN for the
+# rest of the calling (sub)shell when GOMOD (kube_module_gomod's) asks for a
+# newer Go than the local one; left at go_env's "local" otherwise.
+use_kube_toolchain() {
+	local want have
+	[[ -f $1 ]] || return 1
+	want=$(sed -n 's/^go \([0-9.]*\).*/\1/p' "$1" | head -1)
+	have=$(go env GOVERSION)
+	have=${have#go}
+	[[ -n $want && $(printf '%s\n' "$want" "$have" | sort -V | tail -1) != "$have" ]] || return 0
+	export GOTOOLCHAIN=$KUBE_NEWER_TOOLCHAIN
+}
+
 # kube_gomod WORK NAME: a go.mod in WORK for module efa-device-plugin-e2e/NAME
 # requiring k8s.io/kubernetes at $KUBE_VERSION. k8s.io/kubernetes points its
 # staging modules at ./staging, which does not exist for a dependency; each one
 # is published as v0.<minor>.<patch>.
 kube_gomod() {
 	local work=$1 name=$2 staging_version=v0.${KUBE_VERSION#v1.} gomod
-	gomod=$(cd "$work" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" |
-		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p') || return 1
+	gomod=$(kube_module_gomod "$work") && use_kube_toolchain "$gomod" || return 1
 	{
 		echo "module efa-device-plugin-e2e/$name"
 		echo "go 1.22.0"
@@ -345,7 +369,7 @@ build_dra_driver() {
 	local name=$1 helper tags=
 	shift
 	# The helper's DRAPlugin asks for WatchHealthStatus from 1.37 on (the drahealth tag).
-	cp "$@" . && go mod init "efa-device-plugin-e2e/$name" >/dev/null 2>&1 &&
+	use_kube_toolchain "$(kube_module_gomod "$PWD")" && cp "$@" . && go mod init "efa-device-plugin-e2e/$name" >/dev/null 2>&1 &&
 		go get "k8s.io/dynamic-resource-allocation@v0.${KUBE_VERSION#v1.}" && go mod tidy &&
 		helper=$(go list -f '{{.Dir}}' k8s.io/dynamic-resource-allocation/kubeletplugin) &&
 		{ ! grep -q 'WatchHealthStatus(ctx context.Context' "$helper/draplugin.go" || tags=drahealth; } &&
