@@ -36,6 +36,7 @@ source "$HERE/cluster/gdrdrv.sh"
 source "$HERE/cluster/dra.sh"
 source "$HERE/cluster/arm64.sh"
 source "$HERE/cluster/fleet.sh"
+source "$HERE/cluster/soak.sh"
 NS=kube-system
 DS=efa-device-plugin
 IMAGE=localhost/efa-device-plugin:e2e
@@ -320,6 +321,7 @@ cluster_cases() {
 	dra_cases
 	arm64_cases
 	fleet_cases
+	soak_cases
 }
 
 run_suite cluster_cases

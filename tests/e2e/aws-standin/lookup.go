@@ -1,14 +1,10 @@
 package main
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"slices"
-	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
@@ -27,16 +23,9 @@ func lookup(args []string) error {
 	if err != nil {
 		return err
 	}
-	conn, err := grpc.NewClient("unix://"+*socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	resp, err := listPodResources(*socket)
 	if err != nil {
 		return err
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
-	if err != nil {
-		return fmt.Errorf("PodResources List on %s: %w", *socket, err)
 	}
 	for _, name := range names {
 		fmt.Println(name, holder(resp, name))

@@ -28,7 +28,7 @@ N=mig-n
 standin_binary() {
 	[[ -n $STANDIN ]] && return 0
 	local start=$SECONDS
-	if ! STANDIN=$(stub_plugin "$CACHE" "$HERE/aws-standin" aws-standin "$HERE/efasysfs" 2>"$T/logs/aws-standin-build.log"); then
+	if ! STANDIN=$(stub_plugin "$CACHE" "$HERE/aws-standin" aws-standin "$HERE/efasysfs" "$HERE/podreslist" 2>"$T/logs/aws-standin-build.log"); then
 		STANDIN=
 		REASON="building the AWS plugin stand-in failed: $(tail -3 "$T/logs/aws-standin-build.log" | paste -sd'|')"
 		return 1

@@ -1,0 +1,176 @@
+"""The soak's ground truth and its report (tests/e2e/cluster/soak.sh).
+
+truth NODE=CGROUP_ROOT:SYSFS:PODRESOURCES ... < PODS_JSON
+    Reads, for each NODE, every container of the workload namespace (default)
+    running under CGROUP_ROOT's kubepods (in the pids hierarchy): the uverbs
+    nodes in its /dev/infiniband, through its first process, by major and
+    minor. PODS_JSON is `kubectl get pods -A -o json`, to name each pod and
+    container (the plugin pods, which see every node, are not workloads);
+    PODRESOURCES is the output of tests/e2e/podresources for NODE, and SYSFS
+    NODE's sysfs tree, to turn its IDs into device numbers. Prints one line per
+    violation:
+      double <node> <dev> <pod> <pod>   one device inside running containers of two pods
+      differs <node> <container> ...   PodResources and the inside disagree
+    then "truth <containers> <double-booked devices>" last. Containers younger
+    than --settle seconds, or of terminating pods, are left out of the
+    comparison with PodResources (either side may still be catching up).
+
+slope FILE
+    FILE holds "cycle pid value" lines; prints the least-squares slope of
+    value per cycle over the longest run of one pid, and that run's length.
+
+quantiles FILE
+    FILE holds "kind milliseconds" lines; prints "kind n median p99" per kind.
+"""
+
+import datetime
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+
+PIDS = "/sys/fs/cgroup/pids"
+
+
+def containers(root):
+    """(pod uid, container id, pid) for every container cgroup with a process."""
+    base = os.path.join(PIDS, root.lstrip("/"), "kubepods")
+    for dirpath, _, _ in os.walk(base):
+        parent, cid = os.path.split(dirpath)
+        pod = os.path.basename(parent)
+        if not pod.startswith("pod"):
+            continue
+        try:
+            with open(os.path.join(dirpath, "cgroup.procs")) as f:
+                pids = f.read().split()
+        except OSError:
+            continue
+        if pids:
+            yield pod[3:].replace("_", "-"), cid, pids[0]
+
+
+def inside(pid):
+    """The uverbs nodes in the process's /dev/infiniband, as "major:minor"."""
+    devs = set()
+    top = f"/proc/{pid}/root/dev/infiniband"
+    try:
+        names = os.listdir(top)
+    except OSError:
+        return devs
+    for name in names:
+        if name.startswith("uverbs"):
+            try:
+                rdev = os.stat(os.path.join(top, name)).st_rdev
+            except OSError:
+                continue
+            devs.add(f"{os.major(rdev)}:{os.minor(rdev)}")
+    return devs
+
+
+def id_devices(sysfs):
+    """Each ID (ibdev name and PCI address) of the tree to its uverbs node's "major:minor"."""
+    out = {}
+    verbs = os.path.join(sysfs, "class/infiniband_verbs")
+    for name in os.listdir(verbs) if os.path.isdir(verbs) else []:
+        with open(os.path.join(verbs, name, "dev")) as f:
+            dev = f.read().strip()
+        with open(os.path.join(verbs, name, "ibdev")) as f:
+            out[f.read().strip()] = dev
+        out[os.path.basename(os.path.realpath(os.path.join(verbs, name, "device")))] = dev
+    return out
+
+
+WORKLOADS = "default"
+
+
+def truth(args, pods_json, settle):
+    pods = {}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for p in json.loads(pods_json)["items"]:
+        if p["metadata"]["namespace"] != WORKLOADS:
+            continue
+        names = {}
+        for s in p.get("status", {}).get("containerStatuses") or []:
+            started = (s.get("state", {}).get("running") or {}).get("startedAt")
+            age = (now - datetime.datetime.fromisoformat(started.replace("Z", "+00:00"))).total_seconds() if started else 0
+            names[(s.get("containerID") or "").split("//")[-1]] = (s["name"], age)
+        key = f'{p["metadata"]["namespace"]}/{p["metadata"]["name"]}'
+        pods[p["metadata"]["uid"]] = (key, names, bool(p["metadata"].get("deletionTimestamp")))
+    violations, seen, doubles = [], 0, 0
+    for arg in args:
+        node, spec = arg.split("=", 1)
+        root, sysfs, podres = spec.split(":", 2)
+        devs = id_devices(sysfs)
+        said = {}
+        with open(podres) as f:
+            for line in f:
+                fields = line.split()
+                if fields:
+                    said[fields[0]] = {devs.get(i, f"unknown:{i}") for i in fields[1:]}
+        holders = defaultdict(set)
+        for uid, cid, pid in containers(root):
+            key, names, terminating = pods.get(uid, (None, {}, False))
+            name, age = names.get(cid, (None, 0))
+            if name is None:
+                continue  # not a workload, a sandbox, or a container the API does not show yet
+            have = inside(pid)
+            seen += 1
+            for dev in have:
+                holders[dev].add(key)
+            want = said.get(f"{key}/{name}", set())
+            if not terminating and age >= settle and have != want:
+                violations.append(f"differs {node} {key}/{name} inside {sorted(have)} podresources {sorted(want)}")
+        for dev, keys in sorted(holders.items()):
+            if len(keys) > 1:
+                doubles += 1
+                violations.append(f"double {node} {dev} {' '.join(sorted(keys))}")
+    for v in violations:
+        print(v)
+    print(f"truth {seen} {doubles}")
+
+
+def slope(path):
+    runs = defaultdict(list)
+    with open(path) as f:
+        for line in f:
+            cycle, pid, value = line.split()
+            runs[pid].append((float(cycle), float(value)))
+    longest = max(runs.values(), key=len, default=[])
+    if len(longest) < 2:
+        print(f"0 {len(longest)}")
+        return
+    xs, ys = zip(*longest)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    print(f"{sum((x - mx) * (y - my) for x, y in longest) / den if den else 0:.2f} {len(longest)}")
+
+
+def quantiles(path):
+    by_kind = defaultdict(list)
+    with open(path) as f:
+        for line in f:
+            kind, ms = line.split()
+            by_kind[kind].append(int(ms))
+    for kind, values in sorted(by_kind.items()):
+        values.sort()
+        p99 = values[min(len(values) - 1, int(0.99 * len(values)))]
+        print(kind, len(values), int(statistics.median(values)), p99)
+
+
+def main(command, *args):
+    if command == "truth":
+        settle = 5.0
+        if args and args[0].startswith("--settle="):
+            settle, args = float(args[0].split("=", 1)[1]), args[1:]
+        truth(args, sys.stdin.read(), settle)
+    elif command == "slope":
+        slope(*args)
+    elif command == "quantiles":
+        quantiles(*args)
+    else:
+        raise SystemExit(f"unknown command {command}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
