@@ -318,9 +318,53 @@ dra_no_bridge() {
 	CASE_DETAIL="guard: allocatable 0, capacity 4; the DeviceClass's extendedResourceName reads back '${mapped:-(dropped: gate off)}'; the pod stays Pending: $(pod_events "$P2" | tail -c 160)"
 }
 
+# The hand-over with a kubelet restart in it (kubernetes PR #141426, fixed in
+# 1.38): P1 holds an EFA through the plugin; the README's hand-over (cordon,
+# drain, driver in, plugin out by its label); the kubelet restarts, with the
+# plugin's resource in its checkpoint; P2, the same spec, is given an EFA by
+# DRA. Records whether P2's container starts. Before 1.38 the kubelet may
+# still take the resource for the device plugin's and refuse or fail P2: the
+# case passes either way there and says which; from 1.38 on P2 must run.
+dra_restart_handoff() {
+	local log mark outcome minor
+	deviceclass_apply && ours_labelled || return 1
+	start_pod "$P1" 1 || return 1
+	k cordon "$NODE" >/dev/null || { REASON="cordon failed"; return 1; }
+	k drain "$NODE" --ignore-daemonsets --force --timeout=60s >/dev/null 2>&1 || { REASON="drain failed"; return 1; }
+	dra_install && guard_tripped 0 || return 1
+	k label node "$NODE" "$SCOPE_LABEL-" >/dev/null || { REASON="removing the node label failed"; return 1; }
+	wait_until 60 no_plugin_pod || { REASON="plugin pod still on the node 60s after its label went"; return 1; }
+	log=$T/logs/kubelet-$NODE.log
+	mark=$(wc -l <"$log")
+	stop_daemon "kubelet-$NODE"
+	start_node_kubelet "$NODE" || { REASON="$NODE not Ready after its kubelet restarted"; return 1; }
+	wait_until 30 test -S "$DRA_SOCKET" && wait_until 30 dra_published || { REASON="the DRA stand-in did not register again after the kubelet restart"; return 1; }
+	k uncordon "$NODE" >/dev/null || { REASON="uncordon failed"; return 1; }
+	workload "$P2" pod 1 >/dev/null || { REASON="pod $P2 not accepted"; return 1; }
+	wait_until 60 p2_settled || { REASON="$P2 neither Running nor refused within 60s: $(pod_events "$P2")"; return 1; }
+	if pod_phase_is "$P2" Running && dra_pod_ok "$P2"; then
+		outcome="P2 Running through DRA on $CLAIM_DEVICE"
+	else
+		outcome="P2 $(pod_field "$P2" '{.status.phase}') $(pod_field "$P2" '{.status.reason}'): $(pod_field "$P2" '{.status.message}')$(pod_field "$P2" '{.status.containerStatuses[0].state.waiting.message}')"
+		minor=$(cut -d. -f2 <<<"$KUBE_VERSION")
+		if ((minor >= 38)); then
+			REASON="$outcome; the kubelet's log: $(tail -n +"$((mark + 1))" "$log" | grep -m2 -F "$P2" | cut -c1-200 | paste -sd'|')"
+			return 1
+		fi
+	fi
+	CASE_DETAIL="kubelet $KUBE_VERSION restarted after the hand-over: $outcome"
+}
+
+# p2_settled: P2 Running, Failed, or its container stuck in a start error.
+p2_settled() {
+	pod_phase_is "$P2" Running || pod_phase_is "$P2" Failed ||
+		[[ $(pod_field "$P2" '{.status.containerStatuses[0].state.waiting.reason}') == *Error* ]]
+}
+
 case_dra_handoff() { on_dra_node dra_handoff; }
 case_dra_unsafe() { on_dra_node dra_unsafe; }
 case_dra_hand_back() { on_dra_node dra_hand_back; }
+case_dra_restart_handoff() { on_dra_node dra_restart_handoff; }
 case_dra_no_bridge() { on_dra_node dra_no_bridge; }
 
 # dra_cases: the cases this version can run, with the bridge or without it.
@@ -329,6 +373,7 @@ dra_cases() {
 		run_case "(D1) DRA handoff, README order: cordon, drain, driver in; same spec through DRA; plugin leaves by label" case_dra_handoff
 		run_case "(D2) DRA handoff unsafe: driver in while P1 holds an EFA; warning, held_devices, whom DRA gives P1's EFA" case_dra_unsafe
 		run_case "(D3) DRA hand back: drain, driver out; guard clears, same spec through the plugin" case_dra_hand_back
+		run_case "(D5) DRA handoff, then a kubelet restart: does the same spec's new pod start through DRA (PR #141426)" case_dra_restart_handoff
 	else
 		run_case "(D4) no DRAExtendedResource in $KUBE_VERSION: with the DRA driver present the same pod stays Pending" case_dra_no_bridge
 	fi
