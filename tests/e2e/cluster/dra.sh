@@ -338,7 +338,10 @@ dra_restart_handoff() {
 	mark=$(wc -l <"$log")
 	stop_daemon "kubelet-$NODE"
 	start_node_kubelet "$NODE" || { REASON="$NODE not Ready after its kubelet restarted"; return 1; }
-	wait_until 30 test -S "$DRA_SOCKET" && wait_until 30 dra_published || { REASON="the DRA stand-in did not register again after the kubelet restart"; return 1; }
+	if ! { wait_until 30 test -S "$DRA_SOCKET" && wait_until 30 dra_published; }; then
+		REASON="the DRA stand-in did not register again after the kubelet restart"
+		return 1
+	fi
 	k uncordon "$NODE" >/dev/null || { REASON="uncordon failed"; return 1; }
 	workload "$P2" pod 1 >/dev/null || { REASON="pod $P2 not accepted"; return 1; }
 	wait_until 60 p2_settled || { REASON="$P2 neither Running nor refused within 60s: $(pod_events "$P2")"; return 1; }
