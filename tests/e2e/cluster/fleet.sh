@@ -35,14 +35,10 @@ make_node_fixtures() {
 }
 
 # node_sysfs NODE: the tree NODE's plugin reads as its sysfs.
-node_sysfs() {
-	if [[ -n ${NODE_HOLDER[$1]:-} ]]; then echo "$(node_home "$1")/fixtures/sys"; else echo "$FIXTURES/sys"; fi
-}
+node_sysfs() { node_host_path "$1" "$FIXTURES/sys"; }
 
 # node_dp_dir NODE: NODE's device-plugin dir, read from the host.
-node_dp_dir() {
-	if [[ -n ${NODE_HOLDER[$1]:-} ]]; then echo "$(node_home "$1")/kubelet/device-plugins"; else echo "$DP_DIR"; fi
-}
+node_dp_dir() { node_host_path "$1" "$DP_DIR"; }
 
 # ensure_fleet: efa-b and plain up and Ready, started once per run.
 ensure_fleet() {

@@ -68,19 +68,7 @@ podresources_tool() {
 	return 1
 }
 
-node_pod_resources_socket() {
-	if [[ -n ${NODE_HOLDER[$1]:-} ]]; then echo "$(node_home "$1")/kubelet/pod-resources/kubelet.sock"; else echo /var/lib/kubelet/pod-resources/kubelet.sock; fi
-}
-
 node_cgroup_root() { if [[ -n ${NODE_HOLDER[$1]:-} ]]; then echo "/efa-e2e-$1"; else echo /; fi; }
-
-node_cdi_spec() {
-	if [[ -n ${NODE_HOLDER[$1]:-} ]]; then echo "$(node_home "$1")/cdi/run/vpc.amazonaws.com-efa.json"; else echo "$CDI_SPEC"; fi
-}
-
-node_uverbs_dir() {
-	if [[ -n ${NODE_HOLDER[$1]:-} ]]; then echo "$(node_home "$1")/dev/infiniband"; else echo /dev/infiniband; fi
-}
 
 # ---------------------------------------------------------------- workload
 
@@ -164,7 +152,7 @@ soak_event() {
 		count=${NODE_EFAS[$node]}
 		soak_rand "$count"
 		i=$RAND
-		dir=$(node_uverbs_dir "$node")
+		dir=$(node_host_path "$node" /dev/infiniband)
 		mv "$dir/uverbs$i" "$dir/.uverbs$i" &&
 			wait_until $((NODE_STATUS_PERIOD + 10)) allocatable_is $((count - 1)) "$node"
 		mv "$dir/.uverbs$i" "$dir/uverbs$i"
@@ -186,7 +174,7 @@ soak_recovered() {
 	local node
 	for node in "$NODE" "$FLEET_B"; do
 		has_ready_plugin_pod "$node" && allocatable_is "${NODE_EFAS[$node]}" "$node" &&
-			[[ -s $(node_cdi_spec "$node") ]] || return 1
+			[[ -s $(node_host_path "$node" /run/cdi/vpc.amazonaws.com-efa.json) ]] || return 1
 	done
 }
 
@@ -197,7 +185,7 @@ soak_recovered() {
 soak_truth() {
 	local node args=()
 	for node in "$NODE" "$FLEET_B"; do
-		"$PODRESOURCES" --socket "$(node_pod_resources_socket "$node")" >"$T/soak-podres-$node" 2>>"$T/logs/soak-podres.log" ||
+		"$PODRESOURCES" --socket "$(node_host_path "$node" /var/lib/kubelet/pod-resources/kubelet.sock)" >"$T/soak-podres-$node" 2>>"$T/logs/soak-podres.log" ||
 			echo "podresources-failed $node"
 		args+=("$node=$(node_cgroup_root "$node"):$(node_sysfs "$node"):$T/soak-podres-$node")
 	done

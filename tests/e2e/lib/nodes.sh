@@ -29,6 +29,27 @@ NODE_CGROUP_PARENT=/sys/fs/cgroup
 
 node_home() { echo "$T/nodes/$1"; }
 
+# The paths a further node has of its own, each bound in its mount namespace
+# from this dir under its home.
+declare -A NODE_BINDS=([/var/lib/kubelet]=kubelet [/dev/infiniband]=dev/infiniband
+	[/run/efa-device-plugin-e2e]=fixtures [/run/cdi]=cdi/run [/etc/cdi]=cdi/etc
+	[/var/log/pods]=logs/pods [/var/log/containers]=logs/containers)
+
+# node_host_path NODE PATH: where the host sees what NODE sees at PATH: PATH
+# itself for the first node, the bind's source under a further node's home.
+node_host_path() {
+	local node=$1 path=$2 target
+	if [[ -n ${NODE_HOLDER[$node]:-} ]]; then
+		for target in "${!NODE_BINDS[@]}"; do
+			if [[ $path == "$target" || $path == "$target"/* ]]; then
+				echo "$(node_home "$node")/${NODE_BINDS[$target]}${path#"$target"}"
+				return 0
+			fi
+		done
+	fi
+	echo "$path"
+}
+
 # on_node NODE CMD...: CMD in NODE's mount namespace (in the host's for the
 # first node).
 on_node() {
@@ -95,11 +116,8 @@ make_node_namespace() {
 	NODE_HOLDER[$node]=${PIDS[holder-$node]}
 	wait_until 10 own_mount_namespace "${NODE_HOLDER[$node]}" || return 1
 	NODE_MOUNTS[$node]=$(readlink "/proc/${NODE_HOLDER[$node]}/ns/mnt")
-	local -A binds=([/var/lib/kubelet]=$home/kubelet [/dev/infiniband]=$home/dev/infiniband
-		[/run/efa-device-plugin-e2e]=$home/fixtures [/run/cdi]=$home/cdi/run [/etc/cdi]=$home/cdi/etc
-		[/var/log/pods]=$home/logs/pods [/var/log/containers]=$home/logs/containers)
-	for target in "${!binds[@]}"; do
-		src=${binds[$target]}
+	for target in "${!NODE_BINDS[@]}"; do
+		src=$home/${NODE_BINDS[$target]}
 		mkdir -p "$src" "$target" &&
 			on_node "$node" mount --bind "$src" "$target" &&
 			on_node "$node" mount --make-shared "$target" || return 1
