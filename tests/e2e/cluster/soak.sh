@@ -42,12 +42,14 @@ SOAK_RECOVERY=90
 SOAK_KNOWN_ADMISSION='Allocate failed due to (no healthy devices present; cannot allocate unhealthy devices|cannot allocate unregistered device)'
 SOAK_KNOWN_KILL='^(ContainerStatusUnknown|Error/137)$'
 PODRESOURCES=
+# The chart as both cases run it.
+SOAK_CHART=(--set cdi.enabled=true)
 
 declare -A SOAK_EXPIRY=() SOAK_EVENT_COUNT=() SOAK_KUBELET_START=()
 SOAK_VIOLATIONS=0
 SOAK_PODS_RUN=0
 
-soak_note() { echo "$*" >>"$T/logs/soak-report.txt"; }
+soak_note() { echo "$*" >>"$SOAK_REPORT"; }
 
 soak_violation() {
 	SOAK_VIOLATIONS=$((SOAK_VIOLATIONS + 1))
@@ -291,11 +293,11 @@ soak_plan() {
 
 case_soak() {
 	local kind node start ms events=0 line
-	SOAK_CHART=(--set cdi.enabled=true)
+	SOAK_REPORT=$T/logs/soak-report.txt
 	podresources_tool || return 1
 	fleet_chart "${SOAK_CHART[@]}" && fleet_serving "${FLEET[@]}" || return 1
 	soak_plan
-	: >"$T/logs/soak-report.txt"
+	: >"$SOAK_REPORT"
 	: >"$T/soak-recovery"
 	soak_note "soak: seed $SOAK_SEED, $SOAK_CYCLES cycles, Kubernetes $KUBE_VERSION, commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)"
 	for ((SOAK_CYCLE = 1; SOAK_CYCLE <= SOAK_CYCLES; SOAK_CYCLE++)); do
@@ -319,10 +321,10 @@ case_soak() {
 	done
 	soak_report "$events"
 	k delete pods,jobs -l soak=1 --wait=false >/dev/null 2>&1
-	line=$(tail -1 "$T/logs/soak-report.txt")
+	line=$(tail -1 "$SOAK_REPORT")
 	CASE_DETAIL="$line (report: logs/soak-report.txt)"
 	((SOAK_VIOLATIONS == 0)) && return 0
-	REASON="$line: $(grep -m3 '^VIOLATION' "$T/logs/soak-report.txt" | paste -sd'|')"
+	REASON="$line: $(grep -m3 '^VIOLATION' "$SOAK_REPORT" | paste -sd'|')"
 	return 1
 }
 
@@ -339,6 +341,131 @@ soak_report() {
 	soak_note "soak: $SOAK_CYCLES cycles, $events events, $SOAK_PODS_RUN pods, $SOAK_VIOLATIONS violations"
 }
 
+# ---------------------------------------------------------------- the admission burst
+
+# Kubernetes PR #137534 (fixed in 1.38): a PodResources List that runs while
+# an Allocate is in flight, and finds a pod that has just ended, rebuilds the
+# kubelet's allocated set without the EFAs being given out; the next
+# admission may then get the same EFAs. The burst makes that as likely as the
+# fleet can: pods of 1 EFA each, short-lived, admitted many at once as others
+# end, and each kubelet's List called BURST_RATE times a second beside the
+# plugin's own poll. It samples the ground truth throughout and holds the
+# detector to it: every double booking the ground truth sees for at least two
+# of the plugin's polls must be one the plugin warned of. A double booking
+# itself is the kubelet's: reported, not failed.
+#   EFA_DP_BURST_PODS  pods in all (default 60)
+BURST_PODS=${EFA_DP_BURST_PODS:-60}
+BURST_QUEUE=10
+BURST_LIFE_MIN=3
+BURST_LIFE_MAX=20
+# The kubelet serves 100 a second in all; the rest is the plugin's poll's.
+BURST_RATE=80
+# The plugin's poll, values-e2e.yaml's rescan interval: it warns of a double
+# booking that two answers in a row show.
+BURST_POLL=5
+
+# burst_top_up LIVE: new pods, in one List, so that the fleet's EFAs and
+# BURST_QUEUE more are asked for, until BURST_PODS are made (BURST_MADE).
+BURST_MADE=0
+burst_top_up() {
+	local want=$((FLEET_EFAS + BURST_QUEUE - $1)) items=() life
+	while ((want-- > 0 && BURST_MADE < BURST_PODS)); do
+		BURST_MADE=$((BURST_MADE + 1))
+		soak_rand $((BURST_LIFE_MAX - BURST_LIFE_MIN + 1))
+		life=$((BURST_LIFE_MIN + RAND))
+		items+=("{\"apiVersion\": \"v1\", \"kind\": \"Pod\",
+		  \"metadata\": {\"name\": \"burst-$BURST_MADE\", \"namespace\": \"default\", \"labels\": {\"burst\": \"1\"}},
+		  \"spec\": {\"restartPolicy\": \"Never\", \"terminationGracePeriodSeconds\": 1, \"containers\": [{\"name\": \"work\",
+		    \"image\": \"localhost/busybox:1\", \"imagePullPolicy\": \"Never\", \"command\": [\"sleep\", \"$life\"],
+		    \"resources\": {\"limits\": {\"$RESOURCE\": 1}}}]}}")
+	done
+	((${#items[@]})) || return 0
+	(
+		IFS=,
+		echo "{\"apiVersion\": \"v1\", \"kind\": \"List\", \"items\": [${items[*]}]}"
+	) | k apply -f - >/dev/null || soak_violation "burst pods up to burst-$BURST_MADE not accepted"
+}
+
+# burst_pods: "name phase node" of every burst pod.
+burst_pods() {
+	k get pods -l burst=1 -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase} {.spec.nodeName}{"\n"}{end}' 2>/dev/null
+}
+
+# burst_alloc_calls NODE: "count sum" of the kubelet's Allocate calls to
+# device plugins (kubelet_device_plugin_alloc_duration_seconds).
+burst_alloc_calls() {
+	k get --raw "/api/v1/nodes/$1/proxy/metrics" 2>/dev/null | awk -v r="$RESOURCE" '
+		index($0, "kubelet_device_plugin_alloc_duration_seconds_") == 1 && index($0, "resource_name=\"" r "\"") {
+			if ($1 ~ /_count/) c = $NF; if ($1 ~ /_sum/) s = $NF }
+		END { print c + 0, s + 0 }'
+}
+
+case_burst() {
+	local node start since live phase name ended hammers=() failed=0 samples=0 line pairs
+	SOAK_REPORT=$T/logs/burst-report.txt
+	SOAK_VIOLATIONS=0
+	SOAK_CYCLE=burst
+	podresources_tool || return 1
+	fleet_chart "${SOAK_CHART[@]}" && fleet_serving "${FLEET[@]}" || return 1
+	local a=${NODE_EFAS[$NODE]} b=${NODE_EFAS[$FLEET_B]}
+	FLEET_EFAS=$((a + b))
+	RANDOM=$SOAK_SEED
+	: >"$SOAK_REPORT"
+	: >"$T/burst-truth"
+	: >"$T/burst-allocs"
+	for node in "$NODE" "$FLEET_B"; do
+		echo "before $node $(burst_alloc_calls "$node")" >>"$T/burst-allocs"
+		"$PODRESOURCES" --socket "$(node_host_path "$node" /var/lib/kubelet/pod-resources/kubelet.sock)" \
+			--repeat-for 30m --rate "$BURST_RATE" >"$T/burst-lists-$node" 2>&1 &
+		hammers+=($!)
+	done
+	since=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+	start=$SECONDS
+	while ((SECONDS - start < BURST_PODS * 3 + 60)); do
+		live=0
+		ended=()
+		while read -r name phase node; do
+			case $phase in
+			Pending | Running) live=$((live + 1)) ;;
+			Succeeded) ended+=("$name") ;;
+			Failed)
+				failed=$((failed + 1))
+				soak_violation "burst pod $name failed on $node: $(pod_field "$name" '{.status.reason}: {.status.message}')"
+				ended+=("$name")
+				;;
+			esac
+		done < <(burst_pods)
+		((${#ended[@]} == 0)) || k delete pods "${ended[@]}" --wait=false >/dev/null 2>&1
+		((live == 0 && BURST_MADE == BURST_PODS)) && break
+		burst_top_up "$live"
+		soak_truth | sed -n "s/^double /$SECONDS /p" >>"$T/burst-truth"
+		samples=$((samples + 1))
+	done
+	kill -TERM "${hammers[@]}" 2>/dev/null
+	wait "${hammers[@]}" 2>/dev/null
+	((live == 0)) || soak_violation "$live burst pods still alive after $((SECONDS - start))s"
+	k delete pods -l burst=1 --wait=false >/dev/null 2>&1
+	for node in "$NODE" "$FLEET_B"; do
+		echo "after $node $(burst_alloc_calls "$node")" >>"$T/burst-allocs"
+		kns logs "$(ready_plugin_pod "$node")" --since-time="$since" >"$T/burst-log" 2>&1 ||
+			soak_violation "the plugin's log on $node could not be read: $(head -1 "$T/burst-log")"
+		sed "s/^/$node /" "$T/burst-log"
+	done >"$T/logs/burst-plugin.log"
+	soak_note "burst: seed $SOAK_SEED, $BURST_PODS pods in $((SECONDS - start))s, $failed failed, ground truth sampled $samples times, Kubernetes $KUBE_VERSION, commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null)"
+	soak_note "List calls beside the plugin's poll, $BURST_RATE/s a kubelet: $(cat "$T/burst-lists-$NODE" "$T/burst-lists-$FLEET_B" | paste -sd';')"
+	pairs=$(python3 "$HERE/lib/soak_truth.py" burst "$T/burst-truth" "$T/logs/burst-plugin.log" "$T/burst-allocs" $((2 * BURST_POLL)))
+	while read -r line; do
+		[[ $line == missed* ]] && soak_violation "the detector did not warn of $line"
+		soak_note "$line"
+	done <<<"$pairs"
+	line="burst: $BURST_PODS pods, $(tail -1 <<<"$pairs"), $SOAK_VIOLATIONS violations"
+	soak_note "$line"
+	CASE_DETAIL="$line (report: logs/burst-report.txt)"
+	((SOAK_VIOLATIONS == 0)) && return 0
+	REASON="$line: $(grep -m3 '^VIOLATION' "$SOAK_REPORT" | paste -sd'|')"
+	return 1
+}
 soak_cases() {
 	run_case "(S1) soak: workload churn and seeded day-two events on the fleet in cdi mode; no double booking, PodResources matches the inside" case_soak
+	run_case "(S2) admission burst with PodResources listed hard (kubernetes PR #137534): the detector warns of every double booking the ground truth sees" case_burst
 }

@@ -21,6 +21,17 @@ slope FILE
 
 quantiles FILE
     FILE holds "kind milliseconds" lines; prints "kind n median p99" per kind.
+
+burst TRUTH PLUGIN_LOG ALLOCS CONFIRM
+    The admission burst's verdict. TRUTH holds "seconds <truth's double line
+    without its first word>" samples; PLUGIN_LOG each plugin's JSON log, each
+    line led by its node; ALLOCS "before|after NODE COUNT SUM" lines of the
+    kubelet's Allocate-duration histogram. Prints the Allocate calls and their
+    mean, then one line per pair of pods on one node that the ground truth
+    saw: "missed ..." when it lasted CONFIRM seconds or more and the plugin
+    did not warn of it, "pair ..." otherwise; then one "detector-only ..."
+    line per pair the plugin warned of that the ground truth never saw; and
+    "ground truth G pairs, detector D pairs" last.
 """
 
 import datetime
@@ -158,6 +169,56 @@ def quantiles(path):
         print(kind, len(values), int(statistics.median(values)), p99)
 
 
+def warned_pairs(path):
+    """(node, pod, pod) of every double-booking warning in the plugins' logs."""
+    pairs = set()
+    with open(path) as f:
+        for line in f:
+            node, _, text = line.partition(" ")
+            try:
+                record = json.loads(text)
+            except ValueError:
+                continue
+            fields = record.get("fields", record)
+            if "double-booked" in str(fields.get("message", "")):
+                pairs.add((node, *sorted((fields.get("pod"), fields.get("other_pod")))))
+    return pairs
+
+
+def allocate_calls(path):
+    totals = defaultdict(lambda: [0.0, 0.0])
+    with open(path) as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) == 4:
+                sign = 1 if fields[0] == "after" else -1
+                totals[fields[1]][0] += sign * float(fields[2])
+                totals[fields[1]][1] += sign * float(fields[3])
+    count = sum(c for c, _ in totals.values())
+    seconds = sum(s for _, s in totals.values())
+    return f"{int(count)} Allocate calls, mean {1000 * seconds / count:.2f} ms" if count else "Allocate calls unknown"
+
+
+def burst(truth_path, log_path, allocs_path, confirm):
+    seen = {}
+    with open(truth_path) as f:
+        for line in f:
+            at, node, _dev, *pods = line.split()
+            for i, a in enumerate(pods):
+                for b in pods[i + 1:]:
+                    first, last = seen.get((node, a, b), (float(at), float(at)))
+                    seen[(node, a, b)] = (min(first, float(at)), max(last, float(at)))
+    warned = warned_pairs(log_path)
+    print(allocate_calls(allocs_path))
+    for pair, (first, last) in sorted(seen.items()):
+        lasted = last - first
+        verdict = "pair" if pair in warned or lasted < float(confirm) else "missed"
+        print(f"{verdict} {' '.join(pair)}: seen for {lasted:.0f}s, warned {'yes' if pair in warned else 'no'}")
+    for pair in sorted(warned - seen.keys()):
+        print(f"detector-only {' '.join(pair)}")
+    print(f"ground truth {len(seen)} pairs, detector {len(warned)} pairs")
+
+
 def main(command, *args):
     if command == "truth":
         settle = 5.0
@@ -168,6 +229,8 @@ def main(command, *args):
         slope(*args)
     elif command == "quantiles":
         quantiles(*args)
+    elif command == "burst":
+        burst(*args)
     else:
         raise SystemExit(f"unknown command {command}")
 

@@ -12,19 +12,40 @@ import (
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
-// listPodResources asks the kubelet on socket for every pod's resources,
-// within 10 s.
-func listPodResources(socket string) (*podresources.ListPodResourcesResponse, error) {
+// podResourcesLister is one connection to the kubelet's PodResources socket.
+type podResourcesLister struct {
+	socket string
+	conn   *grpc.ClientConn
+	client podresources.PodResourcesListerClient
+}
+
+func dialPodResources(socket string) (*podResourcesLister, error) {
 	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Close()
+	return &podResourcesLister{socket, conn, podresources.NewPodResourcesListerClient(conn)}, nil
+}
+
+// list asks the kubelet for every pod's resources, within 10 s.
+func (l *podResourcesLister) list() (*podresources.ListPodResourcesResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
+	resp, err := l.client.List(ctx, &podresources.ListPodResourcesRequest{})
 	if err != nil {
-		return nil, fmt.Errorf("PodResources List on %s: %w", socket, err)
+		return nil, fmt.Errorf("PodResources List on %s: %w", l.socket, err)
 	}
 	return resp, nil
+}
+
+func (l *podResourcesLister) close() { l.conn.Close() }
+
+// listPodResources asks the kubelet on socket for every pod's resources once.
+func listPodResources(socket string) (*podresources.ListPodResourcesResponse, error) {
+	l, err := dialPodResources(socket)
+	if err != nil {
+		return nil, err
+	}
+	defer l.close()
+	return l.list()
 }
