@@ -283,12 +283,13 @@ impl Allocator {
         request: &PreferredAllocationRequest,
     ) -> PreferredAllocationResponse {
         let holdings = self.holdings.as_ref().map(|h| h.borrow().clone());
-        let just_given = self.recent.as_ref().map(Recent::ids).unwrap_or_default();
+        let given = self.recent.as_ref().map(Recent::ids).unwrap_or_default();
         let avoid = Avoid {
             foreign_held: holdings
                 .as_ref()
                 .map_or(Avoid::NOTHING.foreign_held, |h| &h.foreign_devices),
-            just_given: &just_given,
+            just_given: &given.lately,
+            just_now: &given.just_now,
         };
         let response = preferred::respond(inventory, self.sharing, avoid, request);
         // What the kubelet offered under its NUMA affinity, next to what came back: the only

@@ -4,13 +4,15 @@
 //! 0. EFAs that a pod holds under a foreign ID (one this plugin does not advertise, say the AWS
 //!    plugin's): the kubelet counts them as free, so they are chosen only when nothing else can
 //!    satisfy the request;
-//! 1. IDs this plugin's Allocate gave out lately ([`super::recent`]): a correct kubelet offers
-//!    one again only once its pod has gone, but a kubelet up to 1.37 can lose track of one
-//!    (kubernetes PR #137534) and offer it to the next pod while the first still holds it;
-//! 2. replicas of an EFA already chosen: with sharing on, a second ID of the same EFA opens the
+//! 1. IDs this plugin's Allocate gave out just now, then 2. those it gave out lately
+//!    ([`super::recent`]): a correct kubelet offers one again only once its pod has gone, but a
+//!    kubelet up to 1.37 can lose track of one (kubernetes PR #137534) and offer it to the next
+//!    pod while the first still holds it. The one it lost is the latest it gave out, while under
+//!    churn every ID may have been given out lately;
+//! 3. replicas of an EFA already chosen: with sharing on, a second ID of the same EFA opens the
 //!    same uverbs node and adds no bandwidth, so distinct EFAs come first;
-//! 3. NUMA nodes;
-//! 4. distinct PCIe bridges at each depth of the device's sysfs path, outermost first: the root
+//! 4. NUMA nodes;
+//! 5. distinct PCIe bridges at each depth of the device's sysfs path, outermost first: the root
 //!    complex `pci0000:10`, then its root port, then a switch's upstream port, and so on. Paths
 //!    that share a longer prefix sit closer on the fabric.
 //!
@@ -34,14 +36,15 @@ use crate::state::Inventory;
 
 /// Bridge levels that count; deeper ones are rare and lie below all of these anyway.
 const MAX_BRIDGES: usize = 8;
-/// Cost slots: foreign-held EFAs, IDs given out lately, extra replicas, NUMA nodes, then one per
-/// bridge level.
-const LEVELS: usize = MAX_BRIDGES + 4;
+/// Cost slots: foreign-held EFAs, IDs given out just now, IDs given out lately, extra replicas,
+/// NUMA nodes, then one per bridge level.
+const LEVELS: usize = MAX_BRIDGES + 5;
 const FOREIGN_HELD: usize = 0;
-const JUST_GIVEN: usize = 1;
-const EXTRA_REPLICAS: usize = 2;
+const JUST_NOW: usize = 1;
+const JUST_GIVEN: usize = 2;
+const EXTRA_REPLICAS: usize = 3;
 /// The slot of the NUMA level; bridge level `i` is the slot `NUMA + i`.
-const NUMA: usize = 3;
+const NUMA: usize = 4;
 
 /// What a choice steers away from before it weighs topology.
 #[derive(Clone, Copy, Debug)]
@@ -50,12 +53,15 @@ pub struct Avoid<'a> {
     pub foreign_held: &'a BTreeSet<String>,
     /// IDs (as advertised, replicas included) that Allocate gave out lately.
     pub just_given: &'a BTreeSet<String>,
+    /// Those of `just_given` that it gave out just now.
+    pub just_now: &'a BTreeSet<String>,
 }
 
 impl Avoid<'_> {
     pub const NOTHING: Avoid<'static> = Avoid {
         foreign_held: &BTreeSet::new(),
         just_given: &BTreeSet::new(),
+        just_now: &BTreeSet::new(),
     };
 }
 
@@ -118,7 +124,15 @@ struct Replica<'a> {
     id: &'a str,
     number: u32,
     forced: bool,
-    just_given: bool,
+    given: Given,
+}
+
+/// How lately Allocate gave an ID out; later is worse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Given {
+    NotLately,
+    Lately,
+    JustNow,
 }
 
 /// An EFA with at least one usable offered ID, and where it sits.
@@ -131,8 +145,8 @@ struct Candidate<'a> {
     numa: Option<u32>,
     /// The bridges above the PCI function, outermost first.
     bridges: Vec<&'a str>,
-    /// Forced ones first, then those not given out lately, then by replica number: the order in
-    /// which they are handed out.
+    /// Forced ones first, then those given out least lately, then by replica number: the order
+    /// in which they are handed out.
     replicas: Vec<Replica<'a>>,
 }
 
@@ -160,13 +174,13 @@ impl<'a> Candidate<'a> {
         self.replicas.iter().filter(|r| r.forced).count()
     }
 
-    /// How many of the first `count` replicas were given out lately.
-    fn just_given(&self, count: usize) -> usize {
+    /// How many of the first `count` replicas were given out at least as lately as `given`.
+    fn given(&self, count: usize, given: Given) -> u32 {
         self.replicas
             .iter()
             .take(count)
-            .filter(|r| r.just_given)
-            .count()
+            .filter(|r| r.given >= given)
+            .count() as u32
     }
 
     fn take(&self, count: usize) -> impl Iterator<Item = &'a str> + '_ {
@@ -224,14 +238,20 @@ fn candidates<'a>(
                 id,
                 number,
                 forced,
-                just_given: avoid.just_given.contains(id),
+                given: if avoid.just_now.contains(id) {
+                    Given::JustNow
+                } else if avoid.just_given.contains(id) {
+                    Given::Lately
+                } else {
+                    Given::NotLately
+                },
             });
     }
     let mut all: Vec<Candidate> = by_device.into_values().collect();
     for candidate in &mut all {
         candidate
             .replicas
-            .sort_unstable_by_key(|r| (!r.forced, r.just_given, r.number));
+            .sort_unstable_by_key(|r| (!r.forced, r.given, r.number));
     }
     all.sort_unstable_by(|a, b| {
         (a.numa, &a.bridges, a.address, a.device).cmp(&(b.numa, &b.bridges, b.address, b.device))
@@ -325,7 +345,8 @@ impl Node {
                 (count >= forced).then(|| {
                     let mut cost = Cost::default();
                     cost[FOREIGN_HELD] = u32::from(candidate.foreign_held && count > 0);
-                    cost[JUST_GIVEN] = candidate.just_given(count) as u32;
+                    cost[JUST_NOW] = candidate.given(count, Given::JustNow);
+                    cost[JUST_GIVEN] = candidate.given(count, Given::Lately);
                     cost[EXTRA_REPLICAS] = count.saturating_sub(1) as u32;
                     cost
                 })
@@ -454,7 +475,7 @@ mod tests {
     }
 
     /// The objective computed directly from the chosen IDs: foreign-held EFAs, IDs given out
-    /// lately, extra replicas, NUMA nodes, then distinct path prefixes at each bridge depth.
+    /// just now, IDs given out lately, extra replicas, NUMA nodes, then distinct path prefixes at each bridge depth.
     fn cost(
         inventory: &Inventory,
         sharing: Sharing,
@@ -470,11 +491,13 @@ mod tests {
             .keys()
             .filter(|id| avoid.foreign_held.contains(**id))
             .count();
-        let given = chosen
-            .iter()
-            .filter(|id| avoid.just_given.contains(*id))
-            .count();
-        let mut cost = vec![held, given, chosen.len() - devices.len()];
+        let given = |set: &BTreeSet<String>| chosen.iter().filter(|id| set.contains(*id)).count();
+        let mut cost = vec![
+            held,
+            given(avoid.just_now),
+            given(avoid.just_given),
+            chosen.len() - devices.len(),
+        ];
         let numa: BTreeSet<Option<u32>> = devices.values().map(|e| e.numa_node).collect();
         cost.push(numa.len());
         for depth in 1..=MAX_BRIDGES {
@@ -762,6 +785,7 @@ mod tests {
         let avoid = Avoid {
             foreign_held: &held,
             just_given: &given,
+            ..Avoid::NOTHING
         };
         let asking =
             |size, must: &[String]| ask_avoiding(&inv, Sharing::default(), avoid, &all, must, size);
@@ -788,6 +812,32 @@ mod tests {
             ask_avoiding(&inv, sharing, avoid, &all, &[], 2),
             ["0000:10:1b.0::1", "0000:20:1b.0::0"]
         );
+    }
+
+    #[test]
+    fn under_churn_the_id_given_out_just_now_is_chosen_last() {
+        // Every EFA was given out lately, as in a burst of short pods; the kubelet offers the
+        // two free ones and, having lost track of it, the one it gave out a moment ago.
+        let inv = inventory(Shape::P4d);
+        let all = advertised(&inv, Sharing::default());
+        let given: BTreeSet<String> = all.iter().cloned().collect();
+        let now: BTreeSet<String> = ids(&["0000:10:1b.0"]).into_iter().collect();
+        let nothing = BTreeSet::new();
+        let offer = ids(&["0000:10:1b.0", "0000:20:1b.0", "0000:a0:1b.0"]);
+        let asking = |just_now: &BTreeSet<String>, size| {
+            let avoid = Avoid {
+                just_given: &given,
+                just_now,
+                ..Avoid::NOTHING
+            };
+            ask_avoiding(&inv, Sharing::default(), avoid, &offer, &[], size)
+        };
+        // By topology alone the NUMA-0 pair, or the first of it.
+        assert_eq!(asking(&nothing, 1), ["0000:10:1b.0"]);
+        assert_eq!(asking(&now, 1), ["0000:20:1b.0"]);
+        // Even at the price of a second NUMA node.
+        assert_eq!(asking(&now, 2), ["0000:20:1b.0", "0000:a0:1b.0"]);
+        assert_eq!(asking(&now, 3), offer);
     }
 
     #[test]
@@ -889,6 +939,7 @@ mod tests {
             (inv, n, available, must, size) in offer(9),
             held in proptest::collection::vec(any::<proptest::sample::Index>(), 0..3),
             given in proptest::collection::vec(any::<proptest::sample::Index>(), 0..4),
+            now in 0usize..3,
         ) {
             let sharing = shared(n);
             let ids: Vec<&String> = inv.devices().map(|r| &r.efa.id).collect();
@@ -902,7 +953,9 @@ mod tests {
                 .filter(|_| !available.is_empty())
                 .map(|i| available[i.index(available.len())].clone())
                 .collect();
-            let avoid = Avoid { foreign_held: &foreign_held, just_given: &just_given };
+            // Given out just now: the latest few of those given out lately.
+            let just_now: BTreeSet<String> = just_given.iter().take(now).cloned().collect();
+            let avoid = Avoid { foreign_held: &foreign_held, just_given: &just_given, just_now: &just_now };
             let answer = ask_avoiding(&inv, sharing, avoid, &available, &must, size);
             let best = best_cost(&inv, sharing, avoid, &available, &must, answer.len());
             prop_assert_eq!(Some(cost(&inv, sharing, avoid, &answer)), best);

@@ -20,6 +20,18 @@ use tokio::time::Instant;
 /// for it only in which free IDs a pod admitted this soon after another left is preferred to get.
 pub const WINDOW: Duration = Duration::from_secs(30);
 
+/// How long an ID counts as given out just now: the pods admitted right after it, one of which
+/// a kubelet that lost track of it would give it to. Under churn every ID may have been given out
+/// within [`WINDOW`], but the one the kubelet lost is the latest.
+pub const JUST_NOW: Duration = Duration::from_secs(5);
+
+/// The IDs given out lately, and those of them given out just now.
+#[derive(Debug, Default)]
+pub struct Given {
+    pub lately: BTreeSet<String>,
+    pub just_now: BTreeSet<String>,
+}
+
 /// IDs given out within the last `window`, oldest first.
 #[derive(Debug)]
 pub struct Recent {
@@ -44,14 +56,19 @@ impl Recent {
         given.push_back((now, ids.to_vec()));
     }
 
-    /// The IDs given out within the window.
-    pub fn ids(&self) -> BTreeSet<String> {
+    /// The IDs given out within the window, and those given out within [`JUST_NOW`].
+    pub fn ids(&self) -> Given {
+        let now = Instant::now();
         let mut given = self.given.lock().unwrap_or_else(|e| e.into_inner());
-        self.expire(&mut given, Instant::now());
-        given
-            .iter()
-            .flat_map(|(_, ids)| ids.iter().cloned())
-            .collect()
+        self.expire(&mut given, now);
+        let mut out = Given::default();
+        for (at, ids) in given.iter() {
+            if now.duration_since(*at) <= JUST_NOW {
+                out.just_now.extend(ids.iter().cloned());
+            }
+            out.lately.extend(ids.iter().cloned());
+        }
+        out
     }
 
     fn expire(&self, given: &mut VecDeque<(Instant, Vec<String>)>, now: Instant) {
@@ -72,18 +89,33 @@ mod tests {
         list.iter().map(|s| s.to_string()).collect()
     }
 
+    fn set(list: &[&str]) -> BTreeSet<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn ids_are_remembered_for_the_window_only() {
+    async fn ids_are_remembered_for_the_window_only_and_just_now_for_less() {
         let recent = Recent::new(Duration::from_secs(10));
-        assert!(recent.ids().is_empty());
+        assert!(recent.ids().lately.is_empty());
         recent.record(&ids(&["a", "b"]));
+        assert_eq!(recent.ids().just_now, set(&["a", "b"]));
         tokio::time::advance(Duration::from_secs(6)).await;
         recent.record(&ids(&["c::1"]));
-        assert_eq!(recent.ids(), ["a", "b", "c::1"].map(String::from).into());
+        let given = recent.ids();
+        assert_eq!(given.lately, set(&["a", "b", "c::1"]));
+        assert_eq!(given.just_now, set(&["c::1"]));
         tokio::time::advance(Duration::from_secs(5)).await;
-        assert_eq!(recent.ids(), ["c::1"].map(String::from).into());
-        tokio::time::advance(Duration::from_secs(6)).await;
-        assert!(recent.ids().is_empty());
+        assert_eq!(recent.ids().lately, set(&["c::1"]));
+        assert_eq!(
+            recent.ids().just_now,
+            set(&["c::1"]),
+            "5 s is still just now"
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(recent.ids().lately, set(&["c::1"]));
+        assert!(recent.ids().just_now.is_empty());
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(recent.ids().lately.is_empty());
         assert!(
             recent.given.lock().unwrap().is_empty(),
             "expired ones are dropped"
