@@ -406,7 +406,9 @@ case_burst() {
 	SOAK_VIOLATIONS=0
 	SOAK_CYCLE=burst
 	podresources_tool || return 1
-	fleet_chart "${SOAK_CHART[@]}" && fleet_serving "${FLEET[@]}" || return 1
+	# Each GetPreferredAllocation offer and answer logged, to see the kubelet offer an ID again.
+	fleet_chart "${SOAK_CHART[@]}" --set-string 'config.log-level=info\,efa_device_plugin::allocation=debug' &&
+		fleet_serving "${FLEET[@]}" || return 1
 	local a=${NODE_EFAS[$NODE]} b=${NODE_EFAS[$FLEET_B]}
 	FLEET_EFAS=$((a + b))
 	RANDOM=$SOAK_SEED
@@ -465,6 +467,7 @@ case_burst() {
 	REASON="$line: $(grep -m3 '^VIOLATION' "$SOAK_REPORT" | paste -sd'|')"
 	return 1
 }
+
 soak_cases() {
 	run_case "(S1) soak: workload churn and seeded day-two events on the fleet in cdi mode; no double booking, PodResources matches the inside" case_soak
 	run_case "(S2) admission burst with PodResources listed hard (kubernetes PR #137534): the detector warns of every double booking the ground truth sees" case_burst

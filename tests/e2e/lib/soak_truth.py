@@ -27,7 +27,8 @@ burst TRUTH PLUGIN_LOG ALLOCS CONFIRM
     without its first word>" samples; PLUGIN_LOG each plugin's JSON log, each
     line led by its node; ALLOCS "before|after NODE COUNT SUM" lines of the
     kubelet's Allocate-duration histogram. Prints the Allocate calls and their
-    mean, then one line per pair of pods on one node that the ground truth
+    mean, and how often the kubelet offered GetPreferredAllocation an ID again
+    within 1 s of an answer choosing it (the plugins' debug lines), then one line per pair of pods on one node that the ground truth
     saw: "missed ..." when it lasted CONFIRM seconds or more and the plugin
     did not warn of it, "pair ..." otherwise; then one "detector-only ..."
     line per pair the plugin warned of that the ground truth never saw; and
@@ -185,6 +186,40 @@ def warned_pairs(path):
     return pairs
 
 
+def reoffers(path, within=1.0):
+    """From the plugins' GetPreferredAllocation debug lines: how often the kubelet offered an ID
+    again within `within` seconds of an answer choosing it (it takes the answer, so it had just
+    allocated that ID: it lost track of it), and how often the new answer left such IDs out."""
+    answers = defaultdict(list)
+    with open(path) as f:
+        for line in f:
+            node, _, text = line.partition(" ")
+            try:
+                record = json.loads(text)
+            except ValueError:
+                continue
+            fields = record.get("fields", record)
+            if fields.get("message") != "answered GetPreferredAllocation":
+                continue
+            at = datetime.datetime.fromisoformat(record["timestamp"]).timestamp()
+            split = lambda key: set(filter(None, str(fields.get(key, "")).split(",")))
+            answers[node].append((at, split("offered"), split("answer")))
+    count = again = steered = 0
+    for seq in answers.values():
+        seq.sort(key=lambda a: a[0])
+        for i, (at, offered, answer) in enumerate(seq):
+            count += 1
+            lost = set()
+            for before, _, chosen in reversed(seq[:i]):
+                if at - before > within:
+                    break
+                lost |= chosen & offered
+            if lost:
+                again += 1
+                steered += not (lost & answer)
+    return f"{count} GetPreferredAllocation answers; an ID offered again within {within:g} s of being chosen: {again}, left out by the answer: {steered}"
+
+
 def allocate_calls(path):
     totals = defaultdict(lambda: [0.0, 0.0])
     with open(path) as f:
@@ -210,6 +245,7 @@ def burst(truth_path, log_path, allocs_path, confirm):
                     seen[(node, a, b)] = (min(first, float(at)), max(last, float(at)))
     warned = warned_pairs(log_path)
     print(allocate_calls(allocs_path))
+    print(reoffers(log_path))
     for pair, (first, last) in sorted(seen.items()):
         lasted = last - first
         verdict = "pair" if pair in warned or lasted < float(confirm) else "missed"
