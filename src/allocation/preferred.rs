@@ -124,12 +124,12 @@ struct Replica<'a> {
     id: &'a str,
     number: u32,
     forced: bool,
-    given: Given,
+    given: Recency,
 }
 
 /// How lately Allocate gave an ID out; later is worse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Given {
+enum Recency {
     NotLately,
     Lately,
     JustNow,
@@ -175,7 +175,7 @@ impl<'a> Candidate<'a> {
     }
 
     /// How many of the first `count` replicas were given out at least as lately as `given`.
-    fn given(&self, count: usize, given: Given) -> u32 {
+    fn given(&self, count: usize, given: Recency) -> u32 {
         self.replicas
             .iter()
             .take(count)
@@ -239,11 +239,11 @@ fn candidates<'a>(
                 number,
                 forced,
                 given: if avoid.just_now.contains(id) {
-                    Given::JustNow
+                    Recency::JustNow
                 } else if avoid.just_given.contains(id) {
-                    Given::Lately
+                    Recency::Lately
                 } else {
-                    Given::NotLately
+                    Recency::NotLately
                 },
             });
     }
@@ -345,8 +345,8 @@ impl Node {
                 (count >= forced).then(|| {
                     let mut cost = Cost::default();
                     cost[FOREIGN_HELD] = u32::from(candidate.foreign_held && count > 0);
-                    cost[JUST_NOW] = candidate.given(count, Given::JustNow);
-                    cost[JUST_GIVEN] = candidate.given(count, Given::Lately);
+                    cost[JUST_NOW] = candidate.given(count, Recency::JustNow);
+                    cost[JUST_GIVEN] = candidate.given(count, Recency::Lately);
                     cost[EXTRA_REPLICAS] = count.saturating_sub(1) as u32;
                     cost
                 })

@@ -170,20 +170,24 @@ def quantiles(path):
         print(kind, len(values), int(statistics.median(values)), p99)
 
 
-def warned_pairs(path):
-    """(node, pod, pod) of every double-booking warning in the plugins' logs."""
-    pairs = set()
+def plugin_log(path):
+    """(node, record) of every JSON line of the plugins' logs, each line led by its node."""
     with open(path) as f:
         for line in f:
             node, _, text = line.partition(" ")
             try:
-                record = json.loads(text)
+                yield node, json.loads(text)
             except ValueError:
                 continue
-            fields = record.get("fields", record)
-            if "double-booked" in str(fields.get("message", "")):
-                pairs.add((node, *sorted((fields.get("pod"), fields.get("other_pod")))))
-    return pairs
+
+
+def warned_pairs(path):
+    """(node, pod, pod) of every double-booking warning in the plugins' logs."""
+    return {
+        (node, *sorted((record.get("pod"), record.get("other_pod"))))
+        for node, record in plugin_log(path)
+        if "double-booked" in str(record.get("message", ""))
+    }
 
 
 def reoffers(path, within=1.0):
@@ -191,19 +195,12 @@ def reoffers(path, within=1.0):
     again within `within` seconds of an answer choosing it (it takes the answer, so it had just
     allocated that ID: it lost track of it), and how often the new answer left such IDs out."""
     answers = defaultdict(list)
-    with open(path) as f:
-        for line in f:
-            node, _, text = line.partition(" ")
-            try:
-                record = json.loads(text)
-            except ValueError:
-                continue
-            fields = record.get("fields", record)
-            if fields.get("message") != "answered GetPreferredAllocation":
-                continue
-            at = datetime.datetime.fromisoformat(record["timestamp"]).timestamp()
-            split = lambda key: set(filter(None, str(fields.get(key, "")).split(",")))
-            answers[node].append((at, split("offered"), split("answer")))
+    for node, record in plugin_log(path):
+        if record.get("message") != "answered GetPreferredAllocation":
+            continue
+        at = datetime.datetime.fromisoformat(record["timestamp"]).timestamp()
+        split = lambda key: set(filter(None, str(record.get(key, "")).split(",")))
+        answers[node].append((at, split("offered"), split("answer")))
     count = again = steered = 0
     for seq in answers.values():
         seq.sort(key=lambda a: a[0])
