@@ -17,8 +17,7 @@ use efa_device_plugin::allocation::metrics::AllocationMetrics;
 use efa_device_plugin::health::{self, ScanStats};
 use efa_device_plugin::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
 use efa_device_plugin::proto::podresources::PodResources;
-use efa_device_plugin::state::DeviceState;
-use efa_device_plugin::state::PluginStatus;
+use efa_device_plugin::state::{DeviceState, StatusReader, Writer};
 use efa_device_plugin::telemetry::counters::CounterFiles;
 use efa_device_plugin::telemetry::fds::MAX_CONNECTIONS;
 use efa_device_plugin::telemetry::metrics::Metrics;
@@ -104,7 +103,10 @@ async fn measure() -> Vec<(&'static str, Summary)> {
     );
     let metrics = Metrics::new(
         state.reader(),
-        tokio::sync::watch::channel(PluginStatus::default()).1,
+        StatusReader {
+            registration: Writer::default().reader(),
+            competition: Writer::default().reader(),
+        },
         &AllocationMetrics::default(),
         Arc::new(ScanStats::new(Duration::from_secs(5))),
         &h.node.sysfs,

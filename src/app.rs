@@ -5,7 +5,6 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
 use tokio::task::{Id, JoinSet};
 use tokio_util::sync::CancellationToken;
 
@@ -14,218 +13,250 @@ use prometheus_client::metrics::counter::Counter;
 use crate::allocation::metrics::AllocationMetrics;
 use crate::allocation::{self, Allocator, Contributors, Delivery, DeviceSpecs, FoundNodes};
 use crate::cdi::{self, CdiNames, Kind, SpecSettings};
-use crate::config::{DeviceListStrategy, Settings};
+use crate::config::{ConfigError, DeviceListStrategy, Settings};
 use crate::conflict::Guard;
 use crate::health::{Monitor, ScanStats};
+use crate::holdings::PodResources;
 use crate::lifecycle::Lifecycle;
-use crate::state::{DeviceState, Holdings, PluginStatus};
+use crate::state::{
+    Competition, ConflictWriter, DeviceReader, DeviceState, Holdings, Reader, Registration,
+    StatusReader, Writer,
+};
 use crate::telemetry::http::{self, Endpoint};
 use crate::telemetry::metrics::Metrics;
-use crate::telemetry::pod_resources::PodResources;
 
-/// Handles a caller keeps on a running plugin.
-#[derive(Clone)]
-pub(crate) struct Plugin {
-    pub state: DeviceState,
-    pub status: Arc<watch::Sender<PluginStatus>>,
-    pub holdings: Arc<watch::Sender<Arc<Holdings>>>,
+/// Scans once, then keeps devices current and the kubelet registration alive until
+/// `shutdown`. Returns once the plugin's socket is removed.
+pub(crate) async fn run(settings: &Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Before anything a second instance could disturb: the socket, the NFD file.
+    let Some(_lock) = crate::lifecycle::lock_dir(&settings.device_plugin_dir, &shutdown).await?
+    else {
+        return Ok(());
+    };
+    let strategy = Strategy::of(settings)?;
+    // Looked up before the first Allocate or CDI spec can name them.
+    let (lookup, extra) = crate::extra_nodes::Lookup::start(settings.extra_device_nodes_on_host());
+    let (writers, readers) = Writers::new();
+    let mut plugin = Plugin {
+        settings,
+        contributors: allocation::contributors(
+            &settings.dev_root,
+            &settings.allocate.env,
+            extra.clone(),
+        ),
+        strategy,
+        extra,
+        allocations: Arc::default(),
+        readers,
+        shutdown,
+        tasks: Tasks::default(),
+    };
+    let Writers {
+        devices,
+        conflict,
+        registration,
+        competition,
+        holdings,
+    } = writers;
+    plugin.start_device_writers(devices, conflict).await?;
+    plugin.start_pod_view(holdings);
+    plugin.start_competitor_watch(competition).await;
+    plugin.start_files();
+    if !settings.extra_device_nodes.is_empty() {
+        let look_up = lookup.run(settings.rescan_interval, plugin.shutdown.clone());
+        plugin.tasks.spawn("extra device node look-up", look_up);
+    }
+    plugin.serve_kubelet(registration).await
 }
 
-impl Plugin {
-    pub(crate) fn new() -> Self {
-        Plugin {
-            state: DeviceState::default(),
-            status: Arc::new(watch::Sender::new(PluginStatus::default())),
-            holdings: Arc::new(watch::Sender::new(Arc::default())),
-        }
-    }
+/// Each snapshot's one writer, until [`run`] hands it to the module that writes it.
+struct Writers {
+    devices: DeviceState,
+    conflict: ConflictWriter,
+    registration: Writer<Registration>,
+    competition: Writer<Competition>,
+    holdings: Writer<Arc<Holdings>>,
+}
 
-    /// Scans once, then keeps devices current and the kubelet registration alive until
-    /// `shutdown`. Returns once the plugin's socket is removed.
-    pub(crate) async fn run(
-        &self,
-        settings: &Settings,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<()> {
-        // Before anything a second instance could disturb: the socket, the NFD file.
-        let Some(_lock) =
-            crate::lifecycle::lock_dir(&settings.device_plugin_dir, &shutdown).await?
-        else {
-            return Ok(());
+/// What every other part is given of the snapshots.
+struct Readers {
+    devices: DeviceReader,
+    status: StatusReader,
+    holdings: Reader<Arc<Holdings>>,
+}
+
+impl Writers {
+    fn new() -> (Writers, Readers) {
+        let (devices, conflict) = DeviceState::with_conflict_writer();
+        let (registration, competition) = (Writer::default(), Writer::default());
+        let holdings = Writer::default();
+        let readers = Readers {
+            devices: devices.reader(),
+            status: StatusReader {
+                registration: registration.reader(),
+                competition: competition.reader(),
+            },
+            holdings: holdings.reader(),
         };
-        let strategy = Strategy::of(settings)?;
-        // Looked up before the first Allocate or CDI spec can name them.
-        let (lookup, extra) = crate::extra_nodes::Lookup::start(
-            settings.dev_root.clone(),
-            settings.extra_device_nodes.clone(),
-        );
-        let contributors =
-            allocation::contributors(&settings.dev_root, &settings.allocate.env, extra.clone());
-        let allocations = Arc::new(AllocationMetrics::default());
-        let mut tasks = self
-            .start_writers(
-                settings,
-                &strategy,
-                &contributors,
-                &extra,
-                &allocations,
-                &shutdown,
-            )
-            .await?;
-        if !settings.extra_device_nodes.is_empty() {
-            tasks.spawn(
-                "extra device node look-up",
-                lookup.run(settings.rescan_interval, shutdown.clone()),
-            );
-        }
-        let allocator = self.allocator(settings, strategy, contributors, allocations);
-        self.serve_kubelet(settings, allocator, tasks, shutdown)
-            .await
+        let writers = Writers {
+            devices,
+            conflict,
+            registration,
+            competition,
+            holdings,
+        };
+        (writers, readers)
     }
+}
 
-    /// Starts every task that keeps a view current: the snapshot's writers, the files derived
-    /// from it and the metrics endpoint. Each view is filled once before it returns, so the
-    /// kubelet never sees a device, an allocatable count or a readiness before the first scan.
-    async fn start_writers(
-        &self,
-        settings: &Settings,
-        strategy: &Strategy,
-        contributors: &Contributors,
-        extra: &FoundNodes,
-        allocations: &AllocationMetrics,
-        shutdown: &CancellationToken,
-    ) -> anyhow::Result<Tasks> {
+/// A plugin being started: what its parts are built from, and the tasks started so far. Each
+/// view is filled once before its task starts, so the kubelet never sees a device, an
+/// allocatable count or a readiness before the first scan.
+struct Plugin<'a> {
+    settings: &'a Settings,
+    strategy: Strategy,
+    contributors: Contributors,
+    extra: FoundNodes,
+    allocations: Arc<AllocationMetrics>,
+    readers: Readers,
+    shutdown: CancellationToken,
+    tasks: Tasks,
+}
+
+impl Plugin<'_> {
+    /// The snapshot's two writers: the health monitor, filled by a first scan, and the
+    /// DRA-conflict guard. The metrics endpoint is bound first, so a taken port fails the
+    /// start with one line.
+    async fn start_device_writers(
+        &mut self,
+        devices: DeviceState,
+        conflict: ConflictWriter,
+    ) -> anyhow::Result<()> {
+        let settings = self.settings;
         let mut monitor = Monitor::new(
             settings.sysfs_root.clone(),
             settings.judge(),
             settings.rescan_interval,
-            self.state.clone(),
+            devices,
         )
         .with_ids(settings.device_id_strategy)
-        .with_holdings(self.holdings.subscribe());
-        let mut tasks = Tasks::default();
-        // Bound before anything else starts, so a taken port fails the start with one line.
+        .with_holdings(self.readers.holdings.subscribe());
         if let Some(address) = settings.metrics_address {
-            let endpoint = self
-                .endpoint(
-                    settings,
-                    allocations,
-                    strategy.cdi_failures(),
-                    monitor.stats(),
-                    address,
-                    shutdown,
-                )
-                .await?;
-            tasks.spawn("metrics endpoint", endpoint);
+            let endpoint = self.endpoint(monitor.stats(), address).await?;
+            self.tasks.spawn("metrics endpoint", endpoint);
         }
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
-        crate::service::check_sharing_fits(
-            &self.state.current(),
-            settings.sharing,
-            &settings.origins.sharing,
-            matches!(strategy, Strategy::Cdi { .. }),
-        )?;
-        tasks.spawn("health monitor", monitor.run(shutdown.clone()));
-        if let Some(guard) = self.start_guard(settings).await {
-            tasks.spawn("DRA-conflict guard", guard.run(shutdown.clone()));
+        let cdi = matches!(self.strategy, Strategy::Cdi { .. });
+        crate::service::check_sharing_fits(&self.readers.devices.current(), settings.sharing, cdi)
+            .map_err(|reason| ConfigError(format!("{} {reason}", settings.origins.sharing)))?;
+        self.tasks
+            .spawn("health monitor", monitor.run(self.shutdown.clone()));
+        if let Some(guard) = self.start_guard(conflict).await {
+            self.tasks
+                .spawn("DRA-conflict guard", guard.run(self.shutdown.clone()));
         }
-        tasks.spawn(
-            "PodResources view",
-            PodResources::new(
-                settings.pod_resources_socket.clone(),
-                settings.resource_name.to_string(),
-            )
-            .run(
-                self.state.reader(),
-                settings.sharing,
-                settings.rescan_interval,
-                self.holdings.clone(),
-                shutdown.clone(),
-            ),
+        Ok(())
+    }
+
+    fn start_pod_view(&mut self, holdings: Writer<Arc<Holdings>>) {
+        let view = self.pod_resources().run(
+            self.readers.devices.clone(),
+            self.settings.sharing,
+            self.settings.rescan_interval,
+            holdings,
+            self.shutdown.clone(),
         );
+        self.tasks.spawn("PodResources view", view);
+    }
+
+    fn pod_resources(&self) -> PodResources {
+        PodResources::new(
+            self.settings.pod_resources_socket.clone(),
+            self.settings.resource_name.to_string(),
+        )
+    }
+
+    async fn start_competitor_watch(&mut self, competition: Writer<Competition>) {
         let competitors = crate::competitor::Watch {
-            dir: settings.device_plugin_dir.clone(),
-            sockets: settings.competing_plugin_sockets.clone(),
-            interval: settings.rescan_interval,
-            status: self.status.clone(),
+            dir: self.settings.device_plugin_dir.clone(),
+            sockets: self.settings.competing_plugin_sockets.clone(),
+            interval: self.settings.rescan_interval,
+            competition,
         };
         // Known before the first registration, so /readyz and the gauge tell from the start.
         competitors.refresh().await;
-        tasks.spawn("competing-plugin watch", competitors.run(shutdown.clone()));
+        self.tasks.spawn(
+            "competing-plugin watch",
+            competitors.run(self.shutdown.clone()),
+        );
+    }
+
+    /// The files others read: the NFD feature file and, in cdi mode, the CDI spec.
+    fn start_files(&mut self) {
+        let settings = self.settings;
         if let Some(path) = &settings.nfd_features_file {
-            tasks.spawn(
-                "NFD feature file writer",
-                crate::nfd::run(
-                    path.clone(),
-                    settings.rescan_interval,
-                    self.state.reader(),
-                    shutdown.clone(),
-                ),
+            let writer = crate::nfd::run(
+                path.clone(),
+                settings.rescan_interval,
+                self.readers.devices.clone(),
+                self.shutdown.clone(),
             );
+            self.tasks.spawn("NFD feature file writer", writer);
         }
-        if let Strategy::Cdi { kind, failures } = strategy {
+        if let Strategy::Cdi { kind, failures } = &self.strategy {
             // The writer's first attempt runs at the lifecycle's first await, on this one
             // runtime thread: before the kubelet can even register, let alone allocate.
-            tasks.spawn(
-                "CDI spec writer",
-                cdi::run(
-                    settings.cdi_spec_dir.clone(),
-                    SpecSettings {
-                        kind: kind.clone(),
-                        sharing: settings.sharing,
-                        contributors: contributors.clone(),
-                    },
-                    settings.rescan_interval,
-                    failures.clone(),
-                    cdi::Sources {
-                        state: self.state.reader(),
-                        holdings: self.holdings.subscribe(),
-                        extra: extra.clone(),
-                    },
-                    self.spec_still_needed(settings),
-                    shutdown.clone(),
-                ),
+            let writer = cdi::run(
+                settings.cdi_spec_dir.clone(),
+                SpecSettings {
+                    kind: kind.clone(),
+                    sharing: settings.sharing,
+                    contributors: self.contributors.clone(),
+                },
+                settings.rescan_interval,
+                failures.clone(),
+                cdi::Sources {
+                    state: self.readers.devices.clone(),
+                    holdings: self.readers.holdings.subscribe(),
+                    extra: self.extra.clone(),
+                },
+                self.spec_still_needed(),
+                self.shutdown.clone(),
             );
+            self.tasks.spawn("CDI spec writer", writer);
         }
-        Ok(tasks)
     }
 
     /// The Allocate side: what the contributors give a container, delivered by the strategy.
-    fn allocator(
-        &self,
-        settings: &Settings,
-        strategy: Strategy,
-        contributors: Contributors,
-        allocations: Arc<AllocationMetrics>,
-    ) -> Allocator {
-        let delivery: Box<dyn Delivery> = match strategy {
+    fn allocator(&self) -> Allocator {
+        let delivery: Box<dyn Delivery> = match &self.strategy {
             Strategy::DeviceSpecs => Box::new(DeviceSpecs),
-            Strategy::Cdi { kind, .. } => Box::new(CdiNames { kind }),
+            Strategy::Cdi { kind, .. } => Box::new(CdiNames { kind: kind.clone() }),
         };
-        Allocator::new(delivery, contributors)
-            .with_sharing(settings.sharing)
-            .with_metrics(allocations)
-            .with_holdings(self.holdings.subscribe())
+        Allocator::new(delivery, self.contributors.clone())
+            .with_sharing(self.settings.sharing)
+            .with_metrics(self.allocations.clone())
+            .with_holdings(self.readers.holdings.subscribe())
             .steering_from_recent(crate::allocation::recent::WINDOW)
     }
 
     /// Registers with the kubelet and serves it until shutdown or until a task fails, which
     /// stops the rest.
-    async fn serve_kubelet(
-        &self,
-        settings: &Settings,
-        allocator: Allocator,
-        mut tasks: Tasks,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<()> {
+    async fn serve_kubelet(self, registration: Writer<Registration>) -> anyhow::Result<()> {
         let lifecycle = Lifecycle {
-            dir: settings.device_plugin_dir.clone(),
-            resource_name: settings.resource_name.to_string(),
-            state: self.state.reader(),
-            allocator: Arc::new(allocator),
-            status: self.status.clone(),
+            dir: self.settings.device_plugin_dir.clone(),
+            resource_name: self.settings.resource_name.to_string(),
+            state: self.readers.devices.clone(),
+            allocator: Arc::new(self.allocator()),
+            registration,
+            competition: self.readers.status.competition.clone(),
         };
+        let Plugin {
+            mut tasks,
+            shutdown,
+            ..
+        } = self;
         let registration = lifecycle.run(shutdown.clone());
         tokio::pin!(registration);
         let outcome = tokio::select! {
@@ -243,28 +274,24 @@ impl Plugin {
 
     async fn endpoint(
         &self,
-        settings: &Settings,
-        allocations: &AllocationMetrics,
-        cdi_failures: Option<Counter>,
         scans: Arc<ScanStats>,
         address: std::net::SocketAddr,
-        shutdown: &CancellationToken,
     ) -> anyhow::Result<impl Future<Output = ()> + Send + 'static> {
         let listener = TcpListener::bind(address)
             .await
-            .with_context(|| format!("{} {address}", settings.origins.metrics_address))?;
+            .with_context(|| format!("{} {address}", self.settings.origins.metrics_address))?;
         let bound = listener.local_addr()?;
         tracing::info!(address = %bound, "serving /metrics, /healthz and /readyz");
         let mut metrics = Metrics::new(
-            self.state.reader(),
-            self.status.subscribe(),
-            allocations,
+            self.readers.devices.clone(),
+            self.readers.status.clone(),
+            &self.allocations,
             scans.clone(),
-            &settings.sysfs_root,
-            self.holdings.subscribe(),
-            settings.counter_pod_labels,
+            &self.settings.sysfs_root,
+            self.readers.holdings.subscribe(),
+            self.settings.counter_pod_labels,
         );
-        if let Some(failures) = cdi_failures {
+        if let Some(failures) = self.strategy.cdi_failures() {
             metrics.register_counter(
                 "efa_device_plugin_cdi_spec_write_failures",
                 "Failed attempts to write the CDI spec file (each is retried)",
@@ -273,21 +300,18 @@ impl Plugin {
         }
         let endpoint = Arc::new(Endpoint {
             metrics,
-            status: self.status.subscribe(),
+            status: self.readers.status.clone(),
             scans,
-            stopped: shutdown.clone(),
+            stopped: self.shutdown.clone(),
         });
-        Ok(http::serve(listener, endpoint, shutdown.clone()))
+        Ok(http::serve(listener, endpoint, self.shutdown.clone()))
     }
 
     /// Asks the kubelet at exit whether a container still holds an EFA: a holder that ended
     /// since the last poll must not keep the CDI spec, nor a new one lose it.
-    fn spec_still_needed(&self, settings: &Settings) -> crate::hostfile::KeepOnExit {
-        let pods = PodResources::new(
-            settings.pod_resources_socket.clone(),
-            settings.resource_name.to_string(),
-        );
-        let (state, sharing) = (self.state.reader(), settings.sharing);
+    fn spec_still_needed(&self) -> crate::hostfile::KeepOnExit {
+        let pods = self.pod_resources();
+        let (state, sharing) = (self.readers.devices.clone(), self.settings.sharing);
         Box::new(move || {
             Box::pin(async move {
                 let holdings = pods.holdings_now(&state.current(), sharing).await;
@@ -298,7 +322,8 @@ impl Plugin {
 
     /// The conflict is in the state before the kubelet can see a device, so no EFA is
     /// advertised as allocatable while a DRA driver owns them.
-    async fn start_guard(&self, settings: &Settings) -> Option<Guard> {
+    async fn start_guard(&self, conflict: ConflictWriter) -> Option<Guard> {
+        let settings = self.settings;
         if settings.allow_dra_coexistence {
             return None;
         }
@@ -307,7 +332,7 @@ impl Plugin {
             settings.dra_drivers.clone(),
             settings.resource_name.to_string(),
             settings.rescan_interval,
-            self.state.clone(),
+            conflict,
         );
         guard.refresh().await;
         Some(guard)
@@ -382,6 +407,8 @@ impl Strategy {
     fn of(settings: &Settings) -> anyhow::Result<Strategy> {
         Ok(match settings.device_list_strategy {
             DeviceListStrategy::DeviceSpecs => Strategy::DeviceSpecs,
+            // `config::parse` refuses cdi mode for a name without a CDI kind; `Settings` built
+            // in code (the demo, the tests) skip it, and get this error rather than a panic.
             DeviceListStrategy::Cdi => Strategy::Cdi {
                 kind: settings
                     .resource_name
@@ -398,12 +425,6 @@ impl Strategy {
             Strategy::DeviceSpecs => None,
             Strategy::Cdi { failures, .. } => Some(failures.clone()),
         }
-    }
-}
-
-impl Default for Plugin {
-    fn default() -> Self {
-        Self::new()
     }
 }
 
@@ -435,8 +456,7 @@ pub fn serve(settings: Settings) -> anyhow::Result<()> {
             "starting"
         );
         let shutdown = CancellationToken::new();
-        let plugin = Plugin::new();
-        let running = plugin.run(&settings, shutdown.clone());
+        let running = run(&settings, shutdown.clone());
         tokio::pin!(running);
         tokio::select! {
             result = &mut running => return result,

@@ -151,23 +151,31 @@ impl Edits {
 }
 
 impl From<allocation::Edits> for Edits {
+    /// Destructured with no `..`, as `allocation::Edits::answer` is, so that a new kind of edit
+    /// does not compile until both strategies deliver it.
     fn from(edits: allocation::Edits) -> Self {
+        let allocation::Edits { device_nodes, env } = edits;
         Edits {
-            env: edits
-                .env
+            env: env
                 .iter()
                 .map(|(key, value)| format!("{key}={value}"))
                 .collect(),
-            device_nodes: edits
-                .device_nodes
+            device_nodes: device_nodes
                 .into_iter()
-                .map(|node| DeviceNode {
-                    path: node.container_path,
-                    kind: "c",
-                    major: node.dev.major,
-                    minor: node.dev.minor,
-                    permissions: node.permissions,
-                })
+                .map(
+                    |allocation::DeviceNode {
+                         container_path,
+                         host_path: _,
+                         dev,
+                         permissions,
+                     }| DeviceNode {
+                        path: container_path,
+                        kind: "c",
+                        major: dev.major,
+                        minor: dev.minor,
+                        permissions,
+                    },
+                )
                 .collect(),
         }
     }
@@ -506,8 +514,8 @@ mod tests {
 
     #[test]
     fn after_a_switch_the_names_pods_hold_resolve_to_the_same_nodes_while_held() {
+        use crate::holdings::derive;
         use crate::proto::podresources::ListPodResourcesResponse;
-        use crate::telemetry::pod_resources::derive;
         use crate::testkit::pod_resources_stub::pod;
         const EFA: &str = "vpc.amazonaws.com/efa";
         // The node ran ibdev IDs, the second pod's EFA shared 2 ways; it now runs PCI IDs.

@@ -11,15 +11,13 @@
 
 use std::io::ErrorKind;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::UnixStream;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::rescan::Rescans;
-use crate::state::PluginStatus;
+use crate::state::{Competition, Writer};
 
 /// A connect to a Unix socket completes or fails at once; this bounds one that would not.
 const PROBE_DEADLINE: Duration = Duration::from_secs(2);
@@ -29,7 +27,7 @@ pub(crate) struct Watch {
     pub sockets: Vec<String>,
     /// How often to look again without a change in the dir.
     pub interval: Duration,
-    pub status: Arc<watch::Sender<PluginStatus>>,
+    pub competition: Writer<Competition>,
 }
 
 /// A listed socket that neither accepts nor refuses: one listening whose backlog is full, as a
@@ -64,7 +62,7 @@ pub(crate) async fn find(dir: &Path, sockets: &[String]) -> Result<Option<String
 }
 
 impl Watch {
-    /// Looks once and records the outcome in the status; logs when a competitor appears or goes.
+    /// Looks once and records the outcome; logs when a competitor appears or goes.
     pub(crate) async fn refresh(&self) {
         let found = match find(&self.dir, &self.sockets).await {
             Ok(found) => found,
@@ -74,7 +72,7 @@ impl Watch {
                 return;
             }
         };
-        let before = self.status.borrow().competitor.clone();
+        let before = self.competition.borrow().socket.clone();
         if before == found {
             return;
         }
@@ -89,8 +87,8 @@ impl Watch {
                 "the competing device plugin is gone"
             ),
         }
-        self.status
-            .send_modify(|status| status.competitor = found.clone());
+        self.competition
+            .send_modify(|competition| competition.socket = found);
     }
 
     /// Looks again on every change of the dir, and every `interval` in any case.
@@ -136,15 +134,13 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let names = ["aws-efa-device-plugin.sock".to_owned()];
         let _frozen = FrozenSocket::bind(&dir.path().join(&names[0])).unwrap();
-        let status = Arc::new(watch::Sender::new(PluginStatus {
-            competitor: Some(names[0].clone()),
-            ..PluginStatus::default()
-        }));
         let watch = Watch {
             dir: dir.path().to_owned(),
             sockets: names.to_vec(),
             interval: Duration::from_secs(1),
-            status: status.clone(),
+            competition: Writer::new(Competition {
+                socket: Some(names[0].clone()),
+            }),
         };
         let started = tokio::time::Instant::now();
         for _ in 0..1000 {
@@ -153,7 +149,7 @@ mod tests {
         // A probe that waited for its deadline would have moved the paused clock.
         assert_eq!(started.elapsed(), Duration::ZERO);
         assert_eq!(
-            status.borrow().competitor.as_deref(),
+            watch.competition.borrow().socket.as_deref(),
             Some(names[0].as_str()),
             "the last verdict stands"
         );

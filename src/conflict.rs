@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::rescan::Rescans;
-use crate::state::{Conflict, DeviceState};
+use crate::state::{Conflict, ConflictWriter};
 
 /// While a conflict lasts it is logged again this often, so it is in any recent log excerpt.
 const REMIND_EVERY: Duration = Duration::from_secs(60);
@@ -34,7 +34,7 @@ pub(crate) struct Guard {
     pub resource_name: String,
     /// How often to look again when inotify cannot watch the dir (it may not exist yet).
     pub interval: Duration,
-    pub state: DeviceState,
+    pub state: ConflictWriter,
     last_logged: Option<Instant>,
     /// A listing that overran [`LISTING_DEADLINE`] and has not finished yet.
     listing: Option<JoinHandle<Listing>>,
@@ -108,7 +108,7 @@ impl Guard {
         drivers: Vec<String>,
         resource_name: String,
         interval: Duration,
-        state: DeviceState,
+        state: ConflictWriter,
     ) -> Self {
         Guard {
             dir,
@@ -221,7 +221,7 @@ mod tests {
             vec!["dra.net".into()],
             "vpc.amazonaws.com/efa".into(),
             Duration::from_secs(1),
-            DeviceState::default(),
+            crate::state::DeviceState::with_conflict_writer().1,
         )
     }
 

@@ -7,7 +7,6 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use tokio_util::sync::CancellationToken;
 
-use crate::app::Plugin;
 use crate::config::Settings;
 use crate::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest, HEALTHY,
@@ -21,7 +20,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 pub fn run() -> anyhow::Result<()> {
     // Plugin logs would drown the demo's story; warnings still show.
     crate::telemetry::init_logging(
-        crate::config::LogFormat::Text,
+        crate::telemetry::LogFormat::Text,
         tracing_subscriber::EnvFilter::new("warn"),
     )?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -62,10 +61,9 @@ async fn story(root: &std::path::Path) -> anyhow::Result<()> {
         ..Settings::default()
     };
     let shutdown = CancellationToken::new();
-    let plugin = Plugin::new();
     let running = tokio::spawn({
-        let (plugin, settings, shutdown) = (plugin.clone(), settings.clone(), shutdown.clone());
-        async move { plugin.run(&settings, shutdown).await }
+        let (settings, shutdown) = (settings.clone(), shutdown.clone());
+        async move { crate::app::run(&settings, shutdown).await }
     });
 
     let outcome = async {

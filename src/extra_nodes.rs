@@ -20,7 +20,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::{DeviceNode, FoundNodes};
-use crate::config::device_node_under;
 use crate::discovery::DevNum;
 use crate::rescan::Rescans;
 
@@ -29,8 +28,8 @@ type Outcome = BTreeMap<String, Result<DeviceNode, String>>;
 
 /// Keeps the found nodes current for the contributor that hands them out.
 pub(crate) struct Lookup {
-    dev_root: PathBuf,
-    nodes: Vec<String>,
+    /// Each node as containers name it, with its path on the host.
+    nodes: Vec<(String, PathBuf)>,
     found: watch::Sender<Arc<[DeviceNode]>>,
     last: Outcome,
 }
@@ -38,15 +37,14 @@ pub(crate) struct Lookup {
 impl Lookup {
     /// Looks the nodes up once, logging what it finds, and returns the look-up and what the
     /// contributor reads.
-    pub(crate) fn start(dev_root: PathBuf, nodes: Vec<String>) -> (Lookup, FoundNodes) {
+    pub(crate) fn start(nodes: Vec<(String, PathBuf)>) -> (Lookup, FoundNodes) {
         let (found, reader) = watch::channel(Arc::from([]));
         let mut lookup = Lookup {
-            dev_root,
             nodes,
             found,
             last: Outcome::new(),
         };
-        lookup.apply(look_up_all(&lookup.dev_root, &lookup.nodes));
+        lookup.apply(look_up_all(&lookup.nodes));
         (lookup, FoundNodes::new(reader))
     }
 
@@ -55,8 +53,8 @@ impl Lookup {
     pub(crate) async fn run(mut self, interval: Duration, shutdown: CancellationToken) {
         let mut rescans = Rescans::every(interval, shutdown);
         while rescans.due().await {
-            let (dev_root, nodes) = (self.dev_root.clone(), self.nodes.clone());
-            match tokio::task::spawn_blocking(move || look_up_all(&dev_root, &nodes)).await {
+            let nodes = self.nodes.clone();
+            match tokio::task::spawn_blocking(move || look_up_all(&nodes)).await {
                 Ok(outcome) => self.apply(outcome),
                 // The last result stands until a later pass gets through.
                 Err(err) => {
@@ -99,18 +97,17 @@ impl Lookup {
     }
 }
 
-fn look_up_all(dev_root: &Path, nodes: &[String]) -> Outcome {
+fn look_up_all(nodes: &[(String, PathBuf)]) -> Outcome {
     nodes
         .iter()
-        .map(|node| (node.clone(), look_up(dev_root, node)))
+        .map(|(node, host_path)| (node.clone(), look_up(node, host_path)))
         .collect()
 }
 
-/// The node `node` names below `dev_root`, if it is a character device; its number is the
-/// host's, which the CDI spec needs and the runtime checks a DeviceSpec's path against.
-fn look_up(dev_root: &Path, node: &str) -> Result<DeviceNode, String> {
-    let host_path = device_node_under(dev_root, node);
-    let meta = std::fs::metadata(&host_path).map_err(|err| match err.kind() {
+/// The node containers name `node`, at `host_path`, if it is a character device; its number is
+/// the host's, which the CDI spec needs and the runtime checks a DeviceSpec's path against.
+fn look_up(node: &str, host_path: &Path) -> Result<DeviceNode, String> {
+    let meta = std::fs::metadata(host_path).map_err(|err| match err.kind() {
         io::ErrorKind::NotFound => format!("{} is missing", host_path.display()),
         _ => format!("{}: {err}", host_path.display()),
     })?;
@@ -124,7 +121,7 @@ fn look_up(dev_root: &Path, node: &str) -> Result<DeviceNode, String> {
     let rdev = meta.rdev();
     Ok(DeviceNode {
         container_path: node.to_owned(),
-        host_path,
+        host_path: host_path.to_owned(),
         dev: DevNum {
             major: nix::sys::stat::major(rdev) as u32,
             minor: nix::sys::stat::minor(rdev) as u32,
@@ -138,6 +135,7 @@ mod tests {
     use super::*;
     use crate::allocation::{self, Allocator, Delivery, DeviceSpecs};
     use crate::cdi::{self, CdiNames, Kind, SpecSettings};
+    use crate::config::device_node_under;
     use crate::proto::deviceplugin::{AllocateRequest, ContainerAllocateRequest};
     use crate::testkit::simulate::{Shape, inventory, make_char_device};
 
@@ -161,8 +159,11 @@ mod tests {
         }
     }
 
-    fn nodes(names: &[&str]) -> Vec<String> {
-        names.iter().map(|n| n.to_string()).collect()
+    fn nodes(dev_root: &Path, names: &[&str]) -> Vec<(String, PathBuf)> {
+        names
+            .iter()
+            .map(|n| (n.to_string(), device_node_under(dev_root, n)))
+            .collect()
     }
 
     fn answer(contributors: &allocation::Contributors, delivery: Box<dyn Delivery>) -> Vec<String> {
@@ -187,10 +188,7 @@ mod tests {
     fn a_fake_gdrdrv_reaches_device_specs_and_the_cdi_spec_once_per_container() {
         let dev = tempfile::tempdir().unwrap();
         let number = fake_gdrdrv(dev.path());
-        let (_lookup, found) = Lookup::start(
-            dev.path().to_owned(),
-            nodes(&["/dev/gdrdrv", "/dev/absent"]),
-        );
+        let (_lookup, found) = Lookup::start(nodes(dev.path(), &["/dev/gdrdrv", "/dev/absent"]));
         let contributors = allocation::contributors(dev.path(), &BTreeMap::new(), found);
 
         let specs = answer(&contributors, Box::new(DeviceSpecs));
@@ -230,19 +228,19 @@ mod tests {
     #[tokio::test]
     async fn a_node_that_appears_changes_or_goes_is_picked_up_at_the_next_rescan() {
         let dev = tempfile::tempdir().unwrap();
-        let (mut lookup, found) = Lookup::start(dev.path().to_owned(), nodes(&["/dev/gdrdrv"]));
+        let (mut lookup, found) = Lookup::start(nodes(dev.path(), &["/dev/gdrdrv"]));
         let contributors = allocation::contributors(dev.path(), &BTreeMap::new(), found);
         let extra = || contributors.container_edits().device_nodes;
         assert!(extra().is_empty(), "missing at start: left out, not fatal");
 
         let number = fake_gdrdrv(dev.path());
-        lookup.apply(look_up_all(&lookup.dev_root, &lookup.nodes));
+        lookup.apply(look_up_all(&lookup.nodes));
         assert_eq!(extra().len(), 1);
         assert_eq!(extra()[0].dev, number);
 
         std::fs::remove_file(dev.path().join("gdrdrv")).unwrap();
         std::fs::create_dir(dev.path().join("gdrdrv")).unwrap();
-        lookup.apply(look_up_all(&lookup.dev_root, &lookup.nodes));
+        lookup.apply(look_up_all(&lookup.nodes));
         assert!(
             extra().is_empty(),
             "a directory is not handed to containers"
@@ -290,7 +288,7 @@ mod tests {
     async fn the_cdi_spec_follows_a_node_that_appears_or_goes_after_the_start() {
         let dev = tempfile::tempdir().unwrap();
         let cdi_dir = tempfile::tempdir().unwrap();
-        let (mut lookup, found) = Lookup::start(dev.path().to_owned(), nodes(&["/dev/gdrdrv"]));
+        let (mut lookup, found) = Lookup::start(nodes(dev.path(), &["/dev/gdrdrv"]));
         let kind = Kind::of("vpc.amazonaws.com/efa").unwrap();
         let path = kind.spec_path(cdi_dir.path());
         let state = crate::state::DeviceState::default();
@@ -317,11 +315,11 @@ mod tests {
         wait_for_spec(&path, &[]).await;
 
         let number = fake_gdrdrv(dev.path());
-        lookup.apply(look_up_all(&lookup.dev_root, &lookup.nodes));
+        lookup.apply(look_up_all(&lookup.nodes));
         wait_for_spec(&path, &[format!("/dev/gdrdrv {number}")]).await;
 
         std::fs::remove_file(dev.path().join("gdrdrv")).unwrap();
-        lookup.apply(look_up_all(&lookup.dev_root, &lookup.nodes));
+        lookup.apply(look_up_all(&lookup.nodes));
         wait_for_spec(&path, &[]).await;
 
         shutdown.cancel();
@@ -332,9 +330,14 @@ mod tests {
     fn a_look_up_names_why_a_node_is_left_out() {
         let dev = tempfile::tempdir().unwrap();
         std::fs::write(dev.path().join("gdrdrv"), "").unwrap();
-        let missing = look_up(dev.path(), "/dev/nvidia-gdr").unwrap_err();
+        let missing = look_up(
+            "/dev/nvidia-gdr",
+            &device_node_under(dev.path(), "/dev/nvidia-gdr"),
+        )
+        .unwrap_err();
         assert!(missing.ends_with("nvidia-gdr is missing"), "{missing}");
-        let regular = look_up(dev.path(), "/dev/gdrdrv").unwrap_err();
+        let regular =
+            look_up("/dev/gdrdrv", &device_node_under(dev.path(), "/dev/gdrdrv")).unwrap_err();
         assert!(regular.contains("not a character device"), "{regular}");
     }
 }

@@ -510,7 +510,7 @@ fn log_change(change: &Change) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::Health;
+    use crate::state::{DeviceReader, Health};
     use crate::testkit::simulate;
 
     /// A p4d whose `HUNG` entry never returns from a read until a writer opens the FIFO
@@ -565,23 +565,24 @@ mod tests {
                 .cloned()
                 .collect(),
         );
+        let (state, writer) = (state.reader(), state);
         let mut monitor = Monitor::new(
             sysfs.path().to_owned(),
             Judge::new(sysfs.path().to_owned()),
             Duration::from_secs(5),
-            state.clone(),
+            writer,
         );
         monitor.observer = hung_driver;
 
         monitor.refresh().await;
-        let health = |state: &DeviceState| -> Vec<(String, bool)> {
+        let health = |state: &DeviceReader| -> Vec<(String, bool)> {
             state
                 .current()
                 .devices()
                 .map(|d| (d.efa.ibdev.clone(), d.is_healthy()))
                 .collect()
         };
-        let stuck = |state: &DeviceState| {
+        let stuck = |state: &DeviceReader| {
             let inventory = state.current();
             let record = inventory.devices().find(|d| d.efa.ibdev == HUNG).unwrap();
             record.verdict.reason.clone().unwrap_or_default()
@@ -705,11 +706,12 @@ mod tests {
             simulate::FakeNode::build(root.path(), simulate::Shape::P4d, simulate::Nodes::Files)
                 .unwrap();
         let state = DeviceState::default();
+        let (state, writer) = (state.reader(), state);
         let mut monitor = Monitor::new(
             node.sysfs.clone(),
             node.judge(),
             Duration::from_secs(5),
-            state.clone(),
+            writer,
         );
         monitor.refresh().await;
         assert!(!state.current().netns_exclusive());
@@ -722,7 +724,7 @@ mod tests {
         assert!(!state.current().netns_exclusive());
     }
 
-    fn listed(state: &DeviceState) -> Vec<(String, String, Health)> {
+    fn listed(state: &DeviceReader) -> Vec<(String, String, Health)> {
         state
             .current()
             .devices()
@@ -751,7 +753,7 @@ mod tests {
         _root: tempfile::TempDir,
         node: simulate::FakeNode,
         devices: Vec<simulate::FakeDevice>,
-        state: DeviceState,
+        state: DeviceReader,
         holdings: watch::Sender<Arc<Holdings>>,
         monitor: Monitor,
     }
@@ -768,11 +770,12 @@ mod tests {
             .unwrap();
             let state = DeviceState::default();
             let (holdings, view) = watch::channel(Arc::new(holding(held)));
+            let (state, writer) = (state.reader(), state);
             let mut monitor = Monitor::new(
                 node.sysfs.clone(),
                 node.judge(),
                 Duration::from_secs(5),
-                state.clone(),
+                writer,
             )
             .with_holdings(view);
             monitor.refresh().await;
@@ -821,7 +824,7 @@ mod tests {
         let mut at = Renaming::bottlerocket(&["efa_1"]).await;
         at.rename(1, "rdmap32s27").await;
         let state = at.state.clone();
-        let ids = |state: &DeviceState| -> Vec<String> {
+        let ids = |state: &DeviceReader| -> Vec<String> {
             listed(state).into_iter().map(|(id, _, _)| id).collect()
         };
         assert_eq!(ids(&state), ["efa_0", "efa_1", "efa_2", "efa_3"]);

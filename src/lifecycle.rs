@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use nix::fcntl::{Flock, FlockArg};
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -26,7 +25,7 @@ use crate::proto::deviceplugin::{
     registration_client::RegistrationClient,
 };
 use crate::service::{PluginService, StreamHooks};
-use crate::state::{DeviceReader, PluginStatus};
+use crate::state::{Competition, DeviceReader, Reader, Registration, Writer};
 use crate::uds::{self, FileIdentity};
 
 /// A kubelet that accepted the connection but hangs in Register is retried after this long.
@@ -65,7 +64,9 @@ pub(crate) struct Lifecycle {
     pub resource_name: String,
     pub state: DeviceReader,
     pub allocator: Arc<Allocator>,
-    pub status: Arc<watch::Sender<PluginStatus>>,
+    pub registration: Writer<Registration>,
+    /// Whether another plugin serves the resource: the competing-plugin watch says.
+    pub competition: Reader<Competition>,
 }
 
 enum Attempt {
@@ -77,6 +78,16 @@ enum Attempt {
     Shutdown,
 }
 
+/// What one registration leaves the next: the watch on the dir, the two backoffs, and the
+/// kubelet last registered with.
+struct Turns {
+    watch: DirWatch,
+    churn: Churn,
+    failures: Failures,
+    last_kubelet: Option<FileIdentity>,
+    waiting_logged: bool,
+}
+
 /// One served socket and its server task.
 struct Generation {
     stop: CancellationToken,
@@ -84,7 +95,6 @@ struct Generation {
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     socket: PathBuf,
     identity: Option<FileIdentity>,
-    status_relay: JoinHandle<()>,
 }
 
 impl Generation {
@@ -97,7 +107,6 @@ impl Generation {
             Ok(Ok(Ok(()))) => {}
             Err(_) => server.abort(),
         }
-        self.status_relay.abort();
         // Remove the socket only if it is still ours: the kubelet may already have deleted it,
         // and nothing else may be put at that path in between.
         if self.identity.is_some() && uds::identity(&self.socket) == self.identity {
@@ -117,145 +126,160 @@ impl Lifecycle {
 
     /// Runs until `shutdown`; the plugin's socket is removed before it returns.
     pub(crate) async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Some(mut watch) = self.watch_dir(&shutdown).await else {
+        let Some(watch) = self.watch_dir(&shutdown).await else {
             return Ok(());
         };
-        let mut churn = Churn::default();
-        let mut failures = Failures::default();
-        let mut last_kubelet: Option<FileIdentity> = None;
-        let mut waiting_logged = false;
-        loop {
-            if watch.is_dead() {
-                match self.watch_dir(&shutdown).await {
-                    Some(fresh) => watch = fresh,
-                    None => return Ok(()),
-                }
-            }
-            let kubelet = uds::identity(&self.kubelet_socket());
-            if kubelet.is_none() {
-                if !waiting_logged {
-                    tracing::info!(socket = %self.kubelet_socket().display(), "waiting for the kubelet");
-                    waiting_logged = true;
-                }
-                if !self.wait_for_kubelet(&mut watch, None, &shutdown).await {
-                    return Ok(());
-                }
-                continue;
-            }
-            waiting_logged = false;
-            let generation = match self.attempt(&mut watch, &shutdown).await {
-                Attempt::Registered(generation) => generation,
-                Attempt::Shutdown => return Ok(()),
-                Attempt::SocketLost => {
-                    tracing::info!(
-                        "a starting kubelet removed the plugin socket; serving it again"
-                    );
-                    continue;
-                }
-                Attempt::Failed(err) => {
-                    let pause = failures.failed(format!("{err:#}"));
-                    if !self
-                        .wait_for_kubelet(&mut watch, Some(pause), &shutdown)
-                        .await
-                    {
-                        return Ok(());
-                    }
-                    continue;
-                }
-            };
-            // The kubelet registered with is the one whose socket is there now: a kubelet that
-            // restarted between the look above and our dial was dialled instead. A later restart
-            // would have deleted our socket, which ends this registration anyway.
-            let kubelet = uds::identity(&self.kubelet_socket()).or(kubelet);
-            let restarted = last_kubelet.is_some_and(|last| Some(last) != kubelet);
-            last_kubelet = kubelet;
-            if restarted {
-                // A restarting kubelet ends the stream before it replaces its socket: that
-                // ending was no rejection.
-                churn.settle();
-            }
-            self.status.send_modify(|s| {
-                s.registered = true;
-                s.registrations += 1;
-                s.kubelet_restarts += u64::from(restarted);
-            });
-            let log_registered = |after_failures: u32| {
-                tracing::info!(
-                    resource = %self.resource_name,
-                    endpoint = PLUGIN_SOCKET,
-                    kubelet_restarted = restarted,
-                    devices = self.state.current().devices().len(),
-                    after_failures,
-                    "registered with the kubelet"
-                );
-            };
-            // While registrations fail, one that has no stream yet may fail too: it is logged
-            // once its stream opens.
-            if !churn.backing_off() && !failures.failing() {
-                log_registered(0);
-            }
+        let mut turns = Turns {
+            watch,
+            churn: Churn::default(),
+            failures: Failures::default(),
+            last_kubelet: None,
+            waiting_logged: false,
+        };
+        while self.turn(&mut turns, &shutdown).await {}
+        Ok(())
+    }
 
-            let mut ended = self
-                .wait_until_ended(
-                    &generation,
-                    &mut watch,
-                    kubelet,
-                    &mut churn,
-                    true,
-                    &shutdown,
-                )
+    /// One registration: waits for a kubelet, registers, serves it until the registration
+    /// ends, and pauses if the ending asks for it. Returns false on shutdown.
+    async fn turn(&self, turns: &mut Turns, shutdown: &CancellationToken) -> bool {
+        if turns.watch.is_dead() {
+            match self.watch_dir(shutdown).await {
+                Some(fresh) => turns.watch = fresh,
+                None => return false,
+            }
+        }
+        let kubelet = uds::identity(&self.kubelet_socket());
+        if kubelet.is_none() {
+            if !turns.waiting_logged {
+                tracing::info!(socket = %self.kubelet_socket().display(), "waiting for the kubelet");
+                turns.waiting_logged = true;
+            }
+            return self
+                .wait_for_kubelet(&mut turns.watch, None, shutdown)
                 .await;
-            if ended == Ending::StreamOpened {
-                if let Some(after) = failures.recovered() {
-                    log_registered(after);
-                }
-                ended = self
-                    .wait_until_ended(
-                        &generation,
-                        &mut watch,
-                        kubelet,
-                        &mut churn,
-                        false,
-                        &shutdown,
-                    )
+        }
+        turns.waiting_logged = false;
+        let generation = match self.attempt(&mut turns.watch, shutdown).await {
+            Attempt::Registered(generation) => generation,
+            Attempt::Shutdown => return false,
+            Attempt::SocketLost => {
+                tracing::info!("a starting kubelet removed the plugin socket; serving it again");
+                return true;
+            }
+            Attempt::Failed(err) => {
+                let pause = turns.failures.failed(format!("{err:#}"));
+                return self
+                    .wait_for_kubelet(&mut turns.watch, Some(pause), shutdown)
                     .await;
             }
-            self.status.send_modify(|s| s.registered = false);
-            generation.stop().await;
-            let pause = match ended {
-                Ending::Shutdown => return Ok(()),
-                Ending::StreamEnded if self.competitor().is_some() => {
-                    if !self.stand_down(&shutdown).await {
-                        return Ok(());
-                    }
-                    churn.settle();
-                    continue;
+        };
+        // The kubelet registered with is the one whose socket is there now: a kubelet that
+        // restarted between the look above and our dial was dialled instead. A later restart
+        // would have deleted our socket, which ends this registration anyway.
+        let kubelet = uds::identity(&self.kubelet_socket()).or(kubelet);
+        let restarted = turns.last_kubelet.is_some_and(|last| Some(last) != kubelet);
+        turns.last_kubelet = kubelet;
+        if restarted {
+            // A restarting kubelet ends the stream before it replaces its socket: that
+            // ending was no rejection.
+            turns.churn.settle();
+        }
+        self.registration.send_modify(|s| {
+            s.registered = true;
+            s.registrations += 1;
+            s.kubelet_restarts += u64::from(restarted);
+        });
+        let ended = self
+            .serve_registration(&generation, turns, kubelet, restarted, shutdown)
+            .await;
+        self.registration.send_modify(|s| {
+            s.registered = false;
+            s.open_streams = 0;
+        });
+        generation.stop().await;
+        self.after(ended, turns, shutdown).await
+    }
+
+    /// Serves a registration until it ends, logging it once it counts as working.
+    async fn serve_registration(
+        &self,
+        generation: &Generation,
+        turns: &mut Turns,
+        kubelet: Option<FileIdentity>,
+        restarted: bool,
+        shutdown: &CancellationToken,
+    ) -> Ending {
+        let log_registered = |after_failures: u32| {
+            tracing::info!(
+                resource = %self.resource_name,
+                endpoint = PLUGIN_SOCKET,
+                kubelet_restarted = restarted,
+                devices = self.state.current().devices().len(),
+                after_failures,
+                "registered with the kubelet"
+            );
+        };
+        // While registrations fail, one that has no stream yet may fail too: it is logged
+        // once its stream opens.
+        if !turns.churn.backing_off() && !turns.failures.failing() {
+            log_registered(0);
+        }
+        let Turns {
+            watch,
+            churn,
+            failures,
+            ..
+        } = turns;
+        let ended = self
+            .wait_until_ended(generation, watch, kubelet, churn, true, shutdown)
+            .await;
+        if ended != Ending::StreamOpened {
+            return ended;
+        }
+        if let Some(after) = failures.recovered() {
+            log_registered(after);
+        }
+        self.wait_until_ended(generation, watch, kubelet, churn, false, shutdown)
+            .await
+    }
+
+    /// After a registration ended: stands down for a competitor, or pauses as the ending
+    /// asks. Returns false on shutdown.
+    async fn after(&self, ended: Ending, turns: &mut Turns, shutdown: &CancellationToken) -> bool {
+        let pause = match ended {
+            Ending::Shutdown => return false,
+            Ending::StreamEnded if self.competitor().is_some() => {
+                if !self.stand_down(shutdown).await {
+                    return false;
                 }
-                Ending::StreamEnded => churn.stream_ended(),
-                Ending::NoStream => Some(failures.failed(format!(
-                    "the kubelet accepted Register but opened no ListAndWatch stream within {STREAM_PATIENCE:?}"
-                ))),
-                _ => {
-                    churn.settle();
-                    None
-                }
-            };
-            // A failed registration has had its line.
-            if !churn.backing_off() && ended != Ending::NoStream {
-                tracing::info!(reason = ?ended, "registration ended; registering again");
+                turns.churn.settle();
+                return true;
             }
-            if let Some(pause) = pause
-                && !self
-                    .wait_for_kubelet(&mut watch, Some(pause), &shutdown)
+            Ending::StreamEnded => turns.churn.stream_ended(),
+            Ending::NoStream => Some(turns.failures.failed(format!(
+                "the kubelet accepted Register but opened no ListAndWatch stream within {STREAM_PATIENCE:?}"
+            ))),
+            _ => {
+                turns.churn.settle();
+                None
+            }
+        };
+        // A failed registration has had its line.
+        if !turns.churn.backing_off() && ended != Ending::NoStream {
+            tracing::info!(reason = ?ended, "registration ended; registering again");
+        }
+        match pause {
+            Some(pause) => {
+                self.wait_for_kubelet(&mut turns.watch, Some(pause), shutdown)
                     .await
-            {
-                return Ok(());
             }
+            None => true,
         }
     }
 
     fn competitor(&self) -> Option<String> {
-        self.status.borrow().competitor.clone()
+        self.competition.borrow().socket.clone()
     }
 
     /// The kubelet gave the resource to a competing plugin: leave it there until that plugin's
@@ -267,10 +291,10 @@ impl Lifecycle {
             "the kubelet ended this plugin's stream while a competing device plugin serves the \
              resource; not registering again until that plugin's socket goes"
         );
-        let mut status = self.status.subscribe();
+        let mut competition = self.competition.subscribe();
         tokio::select! {
             _ = shutdown.cancelled() => false,
-            gone = status.wait_for(|s| s.competitor.is_none()) => {
+            gone = competition.wait_for(|c| c.socket.is_none()) => {
                 tracing::info!("the competing device plugin is gone; registering again");
                 gone.is_ok()
             }
@@ -336,28 +360,12 @@ impl Lifecycle {
             stop: stop.clone(),
         };
         let server = uds::spawn_server(listener, crate::service::server(service), stop.clone());
-        let status_relay = tokio::spawn({
-            let mut open = hooks.open_streams();
-            let status = self.status.clone();
-            async move {
-                loop {
-                    let count = *open.borrow_and_update();
-                    status.send_if_modified(|s| {
-                        std::mem::replace(&mut s.open_streams, count) != count
-                    });
-                    if open.changed().await.is_err() {
-                        return;
-                    }
-                }
-            }
-        });
         Ok(Generation {
             stop,
             hooks,
             server,
             socket,
             identity,
-            status_relay,
         })
     }
 
@@ -421,9 +429,15 @@ impl Lifecycle {
         let patience = tokio::time::sleep(STREAM_PATIENCE);
         tokio::pin!(patience);
         let mut kubelet_stream = generation.hooks.kubelet_stream();
+        let mut open_streams = generation.hooks.open_streams();
+        self.record_open_streams(*open_streams.borrow_and_update());
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Ending::Shutdown,
+                // The sender lives in the hooks this generation holds: it never errs here.
+                Ok(()) = open_streams.changed() => {
+                    self.record_open_streams(*open_streams.borrow_and_update());
+                }
                 _ = generation.hooks.ended_by_kubelet() => return Ending::StreamEnded,
                 // The sender lives in the hooks this generation holds: no error to tell apart.
                 _ = async { kubelet_stream.wait_for(|opened| *opened).await.is_ok() }, if awaiting_stream => {
@@ -447,6 +461,15 @@ impl Lifecycle {
                 }
             }
         }
+    }
+}
+
+impl Lifecycle {
+    /// The probes' count of open streams, kept by the registration's wait: only a registered
+    /// plugin's streams count.
+    fn record_open_streams(&self, count: usize) {
+        self.registration
+            .send_if_modified(|s| std::mem::replace(&mut s.open_streams, count) != count);
     }
 }
 

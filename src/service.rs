@@ -23,7 +23,6 @@ use tonic::{Request, Response, Status};
 
 use crate::allocation::sharing::Sharing;
 use crate::allocation::{AllocateError, Allocator};
-use crate::config::{ConfigError, Origin};
 use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     NumaNode, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
@@ -192,7 +191,7 @@ const GRPC_HEADER: usize = 5;
 /// message is larger, every time it is sent.
 pub(crate) const KUBELET_MESSAGE_LIMIT: usize = 4 << 20;
 
-/// The memory limit the shipped manifests give the pod.
+/// The memory limit the shipped manifests give the pod; a test holds them to it.
 pub(crate) const POD_MEMORY_LIMIT: usize = 64 << 20;
 
 /// The share of [`POD_MEMORY_LIMIT`] the device list may take at its peak: the rest is for the
@@ -225,14 +224,14 @@ const HELD_BYTES_PER_ID: usize = 160;
 
 /// Refuses a sharing count under which the device list of `inventory` could exceed
 /// [`KUBELET_MESSAGE_LIMIT`], or the memory it takes at its peak (in cdi mode, with the spec
-/// writer's; with every ID held, the PodResources view's) the pod's limit. Sized for the worst case, every ID `Unhealthy` (the longest
-/// health), so no health change can push a list that passed over either.
+/// writer's; with every ID held, the PodResources view's) the pod's limit. Sized for the worst
+/// case, every ID `Unhealthy` (the longest health), so no health change can push a list that
+/// passed over either. The reason starts with the count, for the caller to name the setting.
 pub(crate) fn check_sharing_fits(
     inventory: &Inventory,
     sharing: Sharing,
-    origin: &Origin,
     cdi: bool,
-) -> Result<(), ConfigError> {
+) -> Result<(), String> {
     let size = |sharing: Sharing| {
         encoded_len(advertised(inventory, sharing).map(|mut device| {
             device.health = UNHEALTHY.into();
@@ -270,9 +269,7 @@ pub(crate) fn check_sharing_fits(
             POD_MEMORY_LIMIT >> 20,
         )
     };
-    Err(ConfigError(format!(
-        "{origin} {replicas}: {why}; at most {fitting} fit"
-    )))
+    Err(format!("{replicas}: {why}; at most {fitting} fit"))
 }
 
 fn to_device(id: String, record: &DeviceRecord) -> Device {
@@ -578,14 +575,10 @@ mod tests {
     fn a_cdi_spec_too_large_for_the_pods_memory_is_refused_with_the_largest_count_that_fits() {
         // The most EFAs whose list at 64 replicas fits the kubelet's message limit.
         let dense = inventory(Shape::Dense(1780));
-        let origin = Origin::File("/etc/efa/config.yaml".into(), "sharing.replicas".into());
-        let fits = |replicas, cdi| check_sharing_fits(&dense, shared(replicas), &origin, cdi);
+        let fits = |replicas, cdi| check_sharing_fits(&dense, shared(replicas), cdi);
         assert_eq!(fits(64, false), Ok(()));
-        let refused = fits(64, true).unwrap_err().0;
-        assert!(
-            refused.starts_with("config file /etc/efa/config.yaml: sharing.replicas 64:"),
-            "{refused}"
-        );
+        let refused = fits(64, true).unwrap_err();
+        assert!(refused.starts_with("64:"), "{refused}");
         assert!(
             refused.contains("cdi mode") && refused.contains("64 MiB"),
             "{refused}"
@@ -671,13 +664,29 @@ mod tests {
 
     #[test]
     fn the_budget_counts_the_pod_view_with_every_id_held() {
-        let origin = Origin::Flag("--sharing-replicas");
         // Fits with the spec writer's share alone; with every ID held, 540 EFAs at 64 replicas
         // would take about 6 MiB more than the pod's share has left.
-        let refused = check_sharing_fits(&inventory(Shape::Dense(540)), shared(64), &origin, true)
-            .unwrap_err()
-            .0;
+        let refused =
+            check_sharing_fits(&inventory(Shape::Dense(540)), shared(64), true).unwrap_err();
         assert!(refused.contains("in cdi mode need about"), "{refused}");
+    }
+
+    /// The budget is a share of the limit the shipped manifests set: both must name one figure.
+    #[test]
+    fn the_pod_memory_limit_is_the_one_the_manifests_set() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests");
+        let read = |file: &str| -> serde_yaml::Value {
+            serde_yaml::from_str(&std::fs::read_to_string(root.join(file)).unwrap()).unwrap()
+        };
+        let daemonset = read("base/daemonset.yaml");
+        let values = read("helm/efa-device-plugin/values.yaml");
+        let limits = [
+            &daemonset["spec"]["template"]["spec"]["containers"][0]["resources"],
+            &values["resources"],
+        ]
+        .map(|resources| resources["limits"]["memory"].as_str().map(str::to_owned));
+        let ours = format!("{}Mi", POD_MEMORY_LIMIT >> 20);
+        assert_eq!(limits, [Some(ours.clone()), Some(ours)]);
     }
 
     #[test]

@@ -1,11 +1,16 @@
 //! The one place device state lives: a `tokio::sync::watch` snapshot.
 //!
-//! The health monitor writes what it observes and the DRA-conflict guard whether another driver
-//! owns the devices; both are inputs of this one snapshot and the only holders of its writer,
-//! [`DeviceState`]. Every ListAndWatch stream, the Allocate path, the metrics endpoint and the
+//! The health monitor writes what it observes ([`DeviceState`]) and the DRA-conflict guard
+//! whether another driver owns the devices ([`ConflictWriter`]); both are inputs of this one
+//! snapshot and the only holders of its two writers, which are made together and are not
+//! `Clone`. Every ListAndWatch stream, the Allocate path, the metrics endpoint and the
 //! files that mirror the devices hold a [`DeviceReader`] and read the latest snapshot, so a
 //! stream that starts after a change still sees it: nothing is handed over through channels
 //! that a dead stream could swallow.
+//!
+//! The process's other snapshots (the [`Registration`], the [`Competition`], the PodResources
+//! view's [`Holdings`]) follow the same rule with a [`Writer`] that is not `Clone` and its
+//! [`Reader`]s: one writing module each.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -389,7 +394,7 @@ pub struct Holdings {
     /// Whether this is what the kubelet said: its last answer, or one kept over failed polls.
     pub known: bool,
     /// Whether the kubelet failed to answer since: the view is its last good answer, kept for
-    /// a bounded time ([`crate::telemetry::pod_resources::STALE_LIMIT`]).
+    /// a bounded time ([`crate::holdings::STALE_LIMIT`]).
     pub stale: bool,
     /// Advertised device id → the containers holding it, under its own ID or a foreign one.
     pub holders: Holders,
@@ -440,60 +445,176 @@ impl Holdings {
     }
 }
 
-/// What the rest of the process may know about the registration: written by the lifecycle
-/// (and, for `competitor`, the competing-plugin watch), read by the probes and metrics.
+/// What the rest of the process may know about the registration, for the probes and metrics.
+/// Written by the lifecycle alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Registration {
+    pub registered: bool,
+    pub open_streams: usize,
+    pub registrations: u64,
+    pub kubelet_restarts: u64,
+}
+
+/// Whether another plugin serves the resource: written by the competing-plugin watch alone, and
+/// read by the lifecycle, which stands down while one does, and by the probes and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Competition {
+    /// The socket of another plugin for this resource that accepts connections.
+    pub socket: Option<String>,
+}
+
+/// What the probes and metrics read of the plugin's standing with the kubelet: the
+/// [`Registration`] and the [`Competition`], each read from its own writer.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PluginStatus {
     pub registered: bool,
     pub open_streams: usize,
-    /// The socket of another plugin for this resource that accepts connections.
     pub competitor: Option<String>,
     pub registrations: u64,
     pub kubelet_restarts: u64,
 }
 
-/// The snapshot's writer: only the health monitor and the DRA-conflict guard hold one. Everyone
-/// else gets a [`DeviceReader`], so the compiler checks that they only read.
+/// Reads the two snapshots a [`PluginStatus`] is made of.
 #[derive(Clone)]
-pub struct DeviceState {
-    shared: DeviceReader,
+pub struct StatusReader {
+    pub registration: Reader<Registration>,
+    pub competition: Reader<Competition>,
 }
 
-/// Read-only access to the snapshot, for the kubelet service, telemetry and the files that
-/// mirror the devices.
-#[derive(Clone)]
-pub struct DeviceReader {
-    tx: Arc<watch::Sender<Arc<Inventory>>>,
-}
-
-impl DeviceReader {
-    /// A receiver that has seen the current snapshot and wakes on the next real change.
-    pub fn subscribe(&self) -> watch::Receiver<Arc<Inventory>> {
-        self.tx.subscribe()
-    }
-
-    pub fn current(&self) -> Arc<Inventory> {
-        self.tx.borrow().clone()
-    }
-}
-
-impl Default for DeviceState {
-    fn default() -> Self {
-        DeviceState {
-            shared: DeviceReader {
-                tx: Arc::new(watch::Sender::new(Arc::default())),
-            },
+impl StatusReader {
+    pub fn current(&self) -> PluginStatus {
+        let Registration {
+            registered,
+            open_streams,
+            registrations,
+            kubelet_restarts,
+        } = self.registration.current();
+        PluginStatus {
+            registered,
+            open_streams,
+            competitor: self.competition.borrow().socket.clone(),
+            registrations,
+            kubelet_restarts,
         }
     }
 }
 
-impl DeviceState {
-    pub fn reader(&self) -> DeviceReader {
+/// The one writer of a snapshot. It is not `Clone`: the module handed it is the only one that
+/// can change the snapshot, and the compiler keeps it so. Everyone else reads through a
+/// [`Reader`].
+pub struct Writer<T> {
+    shared: Reader<T>,
+}
+
+/// Read-only access to a snapshot. It outlives the writer: a reader whose writer has stopped
+/// keeps the last value rather than an error.
+pub struct Reader<T> {
+    tx: Arc<watch::Sender<T>>,
+}
+
+impl<T> Clone for Reader<T> {
+    fn clone(&self) -> Self {
+        Reader {
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<T> Writer<T> {
+    pub fn new(initial: T) -> Self {
+        Writer {
+            shared: Reader {
+                tx: Arc::new(watch::Sender::new(initial)),
+            },
+        }
+    }
+
+    pub fn reader(&self) -> Reader<T> {
         self.shared.clone()
     }
 
+    pub fn borrow(&self) -> watch::Ref<'_, T> {
+        self.shared.tx.borrow()
+    }
+
+    pub fn send_modify(&self, modify: impl FnOnce(&mut T)) {
+        self.shared.tx.send_modify(modify);
+    }
+
+    /// Changes the snapshot; readers are woken only if `modify` says it changed.
+    pub fn send_if_modified(&self, modify: impl FnOnce(&mut T) -> bool) -> bool {
+        self.shared.tx.send_if_modified(modify)
+    }
+
+    pub fn send_replace(&self, value: T) -> T {
+        self.shared.tx.send_replace(value)
+    }
+}
+
+impl<T: Default> Default for Writer<T> {
+    fn default() -> Self {
+        Writer::new(T::default())
+    }
+}
+
+impl<T> Reader<T> {
+    /// A receiver that has seen the current value and wakes on the next change.
+    pub fn subscribe(&self) -> watch::Receiver<T> {
+        self.tx.subscribe()
+    }
+
+    pub fn borrow(&self) -> watch::Ref<'_, T> {
+        self.tx.borrow()
+    }
+}
+
+impl<T: Clone> Reader<T> {
+    pub fn current(&self) -> T {
+        self.tx.borrow().clone()
+    }
+}
+
+/// Read-only access to the device snapshot, for the kubelet service, telemetry and the files
+/// that mirror the devices.
+pub type DeviceReader = Reader<Arc<Inventory>>;
+
+/// The health monitor's writer of the device snapshot: what it observes, and the RDMA
+/// subsystem's mode. The DRA-conflict guard writes the rest through the [`ConflictWriter`] made
+/// with it; everyone else gets a [`DeviceReader`].
+pub struct DeviceState {
+    writer: Writer<Arc<Inventory>>,
+}
+
+/// The DRA-conflict guard's writer of the device snapshot: whether another driver owns the
+/// devices. Made only together with the snapshot's [`DeviceState`].
+pub struct ConflictWriter {
+    writer: Writer<Arc<Inventory>>,
+}
+
+impl Default for DeviceState {
+    fn default() -> Self {
+        DeviceState::with_conflict_writer().0
+    }
+}
+
+impl DeviceState {
+    /// A new, empty snapshot and its two writers, one per writing module.
+    pub fn with_conflict_writer() -> (DeviceState, ConflictWriter) {
+        let writer = Writer::<Arc<Inventory>>::default();
+        let conflict = ConflictWriter {
+            writer: Writer {
+                shared: writer.reader(),
+            },
+        };
+        (DeviceState { writer }, conflict)
+    }
+
+    pub fn reader(&self) -> DeviceReader {
+        self.writer.reader()
+    }
+
     pub fn current(&self) -> Arc<Inventory> {
-        self.shared.current()
+        self.writer.borrow().clone()
     }
 
     /// Applies a complete observation; readers are woken only when something actually changed.
@@ -504,7 +625,7 @@ impl DeviceState {
     /// Applies an observation, complete or not; readers are woken only on real change.
     pub fn apply_observation(&self, observation: Observation) -> Vec<Change> {
         let mut changes = Vec::new();
-        self.shared.tx.send_if_modified(|current| {
+        self.writer.send_if_modified(|current| {
             let (next, found) = current.fold(observation);
             changes = found;
             if next == **current {
@@ -516,30 +637,36 @@ impl DeviceState {
         changes
     }
 
-    /// Sets or clears the reason every device is withheld from allocation; returns whether
-    /// that changed.
-    pub fn set_conflict(&self, conflict: Option<Conflict>) -> bool {
-        self.shared.tx.send_if_modified(|current| {
-            if current.conflict == conflict {
-                return false;
-            }
-            *current = Arc::new(Inventory {
-                netns_exclusive: current.netns_exclusive,
-                ..Inventory::with(current.observed.clone(), conflict)
-            });
-            true
-        })
-    }
-
     /// Records the RDMA subsystem's network-namespace mode; returns whether that changed.
     pub fn set_netns_exclusive(&self, exclusive: bool) -> bool {
-        self.shared.tx.send_if_modified(|current| {
+        self.writer.send_if_modified(|current| {
             if current.netns_exclusive == exclusive {
                 return false;
             }
             *current = Arc::new(Inventory {
                 netns_exclusive: exclusive,
                 ..(**current).clone()
+            });
+            true
+        })
+    }
+}
+
+impl ConflictWriter {
+    pub fn current(&self) -> Arc<Inventory> {
+        self.writer.borrow().clone()
+    }
+
+    /// Sets or clears the reason every device is withheld from allocation; returns whether
+    /// that changed.
+    pub fn set_conflict(&self, conflict: Option<Conflict>) -> bool {
+        self.writer.send_if_modified(|current| {
+            if current.conflict == conflict {
+                return false;
+            }
+            *current = Arc::new(Inventory {
+                netns_exclusive: current.netns_exclusive,
+                ..Inventory::with(current.observed.clone(), conflict)
             });
             true
         })
@@ -588,12 +715,12 @@ mod tests {
 
     #[test]
     fn a_conflict_withholds_every_device_and_its_end_restores_each_verdict() {
-        let state = DeviceState::default();
+        let (state, guard) = DeviceState::with_conflict_writer();
         state.apply(vec![
             record("a", Verdict::healthy()),
             record("b", Verdict::unhealthy("node missing")),
         ]);
-        assert!(state.set_conflict(conflict("dra.net owns the EFAs")));
+        assert!(guard.set_conflict(conflict("dra.net owns the EFAs")));
         let inventory = state.current();
         assert_eq!(inventory.healthy_count(), 0);
         assert_eq!(inventory.devices().len(), 2, "capacity stays visible");
@@ -602,9 +729,9 @@ mod tests {
             inventory.get("a").and_then(|d| d.verdict.reason.as_deref()),
             Some("dra.net owns the EFAs")
         );
-        assert!(!state.set_conflict(conflict("dra.net owns the EFAs")));
+        assert!(!guard.set_conflict(conflict("dra.net owns the EFAs")));
 
-        assert!(state.set_conflict(None));
+        assert!(guard.set_conflict(None));
         assert_eq!(
             health(&state),
             [
@@ -616,9 +743,9 @@ mod tests {
 
     #[test]
     fn observations_during_a_conflict_report_the_devices_own_changes() {
-        let state = DeviceState::default();
+        let (state, guard) = DeviceState::with_conflict_writer();
         state.apply(vec![record("a", Verdict::healthy())]);
-        state.set_conflict(conflict("conflict"));
+        guard.set_conflict(conflict("conflict"));
         // The device's own health did not change, so there is nothing to log.
         assert!(
             state
@@ -628,7 +755,7 @@ mod tests {
         let changes = state.apply(vec![record("a", Verdict::unhealthy("gone"))]);
         assert!(matches!(changes.as_slice(), [Change::Health { .. }]));
         assert_eq!(state.current().healthy_count(), 0);
-        state.set_conflict(None);
+        guard.set_conflict(None);
         assert_eq!(health(&state), [("a".to_owned(), Health::Unhealthy)]);
     }
 
@@ -800,7 +927,7 @@ mod tests {
 
     #[test]
     fn held_efas_count_as_unseen_by_dra_only_during_a_conflict() {
-        let state = DeviceState::default();
+        let (state, guard) = DeviceState::with_conflict_writer();
         state.apply(vec![
             record("a", Verdict::healthy()),
             record("b", Verdict::healthy()),
@@ -815,7 +942,7 @@ mod tests {
         assert_eq!(holdings.unseen_by_dra(&state.current()), 0);
         assert!(holdings.pods_unseen_by_dra(&state.current()).is_empty());
 
-        state.set_conflict(conflict("dra.net"));
+        guard.set_conflict(conflict("dra.net"));
         assert_eq!(holdings.unseen_by_dra(&state.current()), 2);
         let pods = holdings.pods_unseen_by_dra(&state.current());
         assert_eq!(
@@ -827,7 +954,7 @@ mod tests {
         );
         assert_eq!(Holdings::default().unseen_by_dra(&state.current()), 0);
 
-        state.set_conflict(None);
+        guard.set_conflict(None);
         assert_eq!(holdings.unseen_by_dra(&state.current()), 0);
     }
 

@@ -1,7 +1,7 @@
 //! The architecture invariants that can be read from the source (ARCHITECTURE.md lists them):
 //! modules at every depth depend on each other in one direction only; the product never reaches
 //! into the test kit, apart from the demo; Allocate does no I/O; only `config` names host paths;
-//! only `health` and `conflict` write the device snapshot. A change that breaks one fails here,
+//! each snapshot has one writing module; no domain module imports `config`. A change that breaks one fails here,
 //! named, before anyone has to untangle it.
 //!
 //! A module is a path such as `telemetry::fds`. Its non-test code names another module through
@@ -101,20 +101,77 @@ fn only_config_names_host_paths() {
     assert!(named.is_empty(), "host paths outside config: {named:#?}");
 }
 
-/// The snapshot's writer, `DeviceState`, is held by the two modules that judge devices and
-/// created by `app`, which wires them; everyone else gets a `DeviceReader`.
+/// Each snapshot's writers, none of them `Clone`, and the modules that may name them: the one
+/// module that writes through it, `app`, which creates it and hands it over, and `state`, which
+/// defines the device snapshot's two writers (one per input) and the generic `Writer<T>`.
+const WRITERS: [(&str, &[&str]); 6] = [
+    // Wrapped by the device snapshot's two writers below, which alone reach it.
+    ("Writer<Arc<Inventory>>", &["state"]),
+    ("DeviceState", &["app", "health", "state"]),
+    ("ConflictWriter", &["app", "conflict", "state"]),
+    ("Writer<Registration>", &["app", "lifecycle"]),
+    ("Writer<Competition>", &["app", "competitor"]),
+    ("Writer<Arc<Holdings>>", &["app", "holdings"]),
+];
+
+/// One writing module per snapshot: a writer is named only where [`WRITERS`] says, and every
+/// `Writer<..>` the product names is one of them, so a new snapshot gets its row here.
 #[test]
-fn only_health_and_conflict_write_the_snapshot() {
-    let writers: Vec<String> = product_files()
+fn each_snapshot_has_one_writing_module() {
+    let code: BTreeMap<String, String> = product_files()
         .into_iter()
-        .filter(|(_, file)| {
+        .map(|(module, file)| {
             let code = strip_test_code(&std::fs::read_to_string(file).unwrap());
-            code.split(|c: char| !c.is_alphanumeric() && c != '_')
-                .any(|word| word == "DeviceState")
+            (module, code.split_whitespace().collect())
+        })
+        .collect();
+    for (writer, allowed) in WRITERS {
+        let naming: Vec<&str> = code
+            .iter()
+            .filter(|(_, code)| names_type(code, writer))
+            .map(|(module, _)| top(module))
+            .collect();
+        assert_eq!(naming, allowed, "the modules that name {writer}");
+    }
+    for (module, code) in &code {
+        for (at, _) in code.match_indices("Writer<") {
+            let named = &code[at..];
+            assert!(
+                WRITERS.iter().any(|(writer, _)| named.starts_with(writer))
+                    || named.starts_with("Writer<T>"),
+                "{module} names a writer WRITERS has no row for: {}",
+                &named[..named.len().min(40)]
+            );
+        }
+    }
+}
+
+/// Whether `code` names the type `name` as a whole word.
+fn names_type(code: &str, name: &str) -> bool {
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    code.match_indices(name).any(|(at, _)| {
+        !code[..at].ends_with(is_word) && !code[at + name.len()..].starts_with(is_word)
+    })
+}
+
+/// Settings reach the domain modules as plain values: only the modules that read the command
+/// line and the config file, or act on them for the operator, import `config`. A domain module
+/// that did would stand above every setting's parser and make the house taller for nothing.
+#[test]
+fn no_domain_module_imports_config() {
+    let readers = ["app", "config", "demo", "list", TEST_KIT];
+    let graph = crate_graph();
+    let importers: Vec<&String> = graph
+        .iter()
+        .filter(|(module, uses)| {
+            !readers.contains(&top(module)) && uses.iter().any(|m| top(m) == "config")
         })
         .map(|(module, _)| module)
         .collect();
-    assert_eq!(writers, ["app", "conflict", "health", "state"]);
+    assert!(
+        importers.is_empty(),
+        "domain modules import config: {importers:?}"
+    );
 }
 
 #[test]

@@ -62,15 +62,25 @@ pub struct Edits {
 
 impl Edits {
     /// The edits as the Allocate answer carries them, for the runtime to apply as they are.
+    ///
+    /// Destructured with no `..`, here and in `cdi`, so that a new kind of edit does not compile
+    /// until both strategies deliver it.
     fn answer(self, response: &mut ContainerAllocateResponse) {
-        response
-            .devices
-            .extend(self.device_nodes.into_iter().map(|node| DeviceSpec {
-                container_path: node.container_path,
-                host_path: node.host_path.display().to_string(),
-                permissions: node.permissions.into(),
-            }));
-        response.envs.extend(self.env);
+        let Edits { device_nodes, env } = self;
+        response.devices.extend(device_nodes.into_iter().map(
+            |DeviceNode {
+                 container_path,
+                 host_path,
+                 // The runtime finds the node at its host path and reads the number itself.
+                 dev: _,
+                 permissions,
+             }| DeviceSpec {
+                container_path,
+                host_path: host_path.display().to_string(),
+                permissions: permissions.into(),
+            },
+        ));
+        response.envs.extend(env);
     }
 }
 

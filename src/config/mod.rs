@@ -18,7 +18,7 @@ mod resource_name;
 mod setting;
 mod table;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use clap::parser::ValueSource;
 use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand};
@@ -32,7 +32,7 @@ pub use parsers::{LogLevel, device_node_under};
 pub use resource_name::ResourceName;
 #[cfg(any(test, feature = "testkit"))]
 pub(crate) use resource_name::validate_resource_name;
-pub use table::{DeviceListStrategy, LogFormat, Origins, Settings, file_schema};
+pub use table::{DeviceListStrategy, Origins, Settings, file_schema};
 
 use parsers::parse_path;
 use setting::{CONFIG, Given, flag_arg, help_text};
@@ -141,6 +141,14 @@ impl Settings {
         #[cfg(feature = "testkit")]
         let judge = judge.accepting_regular_files(self.test_only_regular_file_nodes);
         judge
+    }
+
+    /// Each of `--extra-device-nodes` as containers name it, with where it is on the host.
+    pub(crate) fn extra_device_nodes_on_host(&self) -> Vec<(String, PathBuf)> {
+        self.extra_device_nodes
+            .iter()
+            .map(|node| (node.clone(), device_node_under(&self.dev_root, node)))
+            .collect()
     }
 }
 

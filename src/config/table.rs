@@ -21,13 +21,7 @@ use super::resource_name::ResourceName;
 use super::setting::{Describe, FileKey, Given, Resolve, Setting, help_text};
 use crate::allocation::sharing::Sharing;
 use crate::discovery::DeviceIdStrategy;
-
-#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    Text,
-    Json,
-}
+use crate::telemetry::LogFormat;
 
 /// How allocated devices reach the container runtime.
 #[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq, Default)]

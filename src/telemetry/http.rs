@@ -15,14 +15,14 @@ use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::fds::MAX_CONNECTIONS;
 use super::metrics::{self, Metrics, ScrapeBody};
 use crate::health::ScanStats;
-use crate::state::PluginStatus;
+use crate::state::{PluginStatus, StatusReader};
 
 /// A client that has not sent a whole request head this long after connecting, or after its
 /// last answer on a kept-alive connection, is dropped: idle or stuck clients cannot hold a
@@ -38,7 +38,7 @@ const READ_BUFFER: usize = 8192;
 
 pub struct Endpoint {
     pub metrics: Metrics,
-    pub status: watch::Receiver<PluginStatus>,
+    pub status: StatusReader,
     /// Cancelled once the plugin's serving loop has ended.
     pub stopped: CancellationToken,
     pub scans: Arc<ScanStats>,
@@ -80,7 +80,7 @@ impl Endpoint {
                 Ok(()) => plain(StatusCode::OK, "ok"),
                 Err(reason) => plain(StatusCode::SERVICE_UNAVAILABLE, &reason),
             },
-            "/readyz" => match readiness(&self.status.borrow()) {
+            "/readyz" => match readiness(&self.status.current()) {
                 Ok(()) => plain(StatusCode::OK, "ok"),
                 Err(reason) => plain(StatusCode::SERVICE_UNAVAILABLE, &reason),
             },

@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use super::counters::{CounterFiles, DeviceCounters};
 use crate::allocation::metrics::AllocationMetrics;
 use crate::health::ScanStats;
-use crate::state::{DeviceReader, Holdings, PluginStatus};
+use crate::state::{DeviceReader, Holdings, StatusReader};
 
 /// The `Content-Type` of what [`Metrics::scrape`] returns.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -44,7 +44,7 @@ pub struct Metrics {
 impl Metrics {
     pub fn new(
         state: DeviceReader,
-        status: watch::Receiver<PluginStatus>,
+        status: StatusReader,
         allocations: &AllocationMetrics,
         scans: Arc<ScanStats>,
         sysfs_root: &Path,
@@ -319,7 +319,7 @@ impl hyper::body::Body for ScrapeBody {
 /// Reads device health and registration figures from the live state at scrape time.
 struct PluginCollector {
     state: DeviceReader,
-    status: watch::Receiver<PluginStatus>,
+    status: StatusReader,
     scans: Arc<ScanStats>,
     holdings: watch::Receiver<Arc<Holdings>>,
 }
@@ -333,7 +333,7 @@ impl fmt::Debug for PluginCollector {
 impl Collector for PluginCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         let inventory = self.state.current();
-        let status = self.status.borrow().clone();
+        let status = self.status.current();
         let healthy = inventory.healthy_count();
         let unhealthy = inventory.devices().len() - healthy;
 

@@ -3,17 +3,23 @@
 //! Logging is text or one JSON object per line, and quiet while nothing changes.
 
 pub mod counters;
-pub(crate) mod double_booking;
 pub mod fds;
 pub mod http;
 pub mod metrics;
-pub mod pod_resources;
 
 use std::io::{self, IsTerminal, Write};
 
+use clap::ValueEnum;
+use serde::Serialize;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogFormat;
+/// How log lines are written: `--log-format`.
+#[derive(ValueEnum, Serialize, Debug, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// Installs the global subscriber. `RUST_LOG`, when set, overrides `level`.
 pub(crate) fn init_logging(format: LogFormat, level: EnvFilter) -> anyhow::Result<()> {

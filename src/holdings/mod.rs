@@ -1,6 +1,8 @@
-//! Which pod holds which EFA, from the kubelet's PodResources API: to label traffic with its
-//! pod, to find IDs the kubelet counts as free although a pod holds their EFA, and to find EFAs
-//! it gave to two pods (`double_booking`).
+//! The PodResources view: which pod holds which EFA, from the kubelet's PodResources API. It
+//! is an input of the plugin, not only of its metrics: GetPreferredAllocation avoids EFAs held
+//! under foreign IDs, the health monitor keeps a renamed EFA's held ID, the CDI spec keeps held
+//! foreign names and stays on exit while a pod holds an EFA, and the metrics label traffic with
+//! its pod. It also finds EFAs the kubelet gave to two pods (`double_booking`).
 //!
 //! Polled in the background every rescan interval with a short deadline, into a
 //! [`Holdings`] snapshot that scrapes and GetPreferredAllocation read without waiting: a slow or
@@ -10,24 +12,25 @@
 //! limiter, a slow answer or a kubelet restart must not make GetPreferredAllocation hand out
 //! EFAs that pods hold under foreign IDs.
 
+mod double_booking;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::double_booking::{Confirmed, Warned, detect};
 use crate::allocation::sharing::{self, Sharing};
 use crate::proto::podresources::{
     ListPodResourcesRequest, ListPodResourcesResponse,
     pod_resources_lister_client::PodResourcesListerClient,
 };
 use crate::rescan::Rescans;
-use crate::state::{DeviceReader, ForeignHold, Holder, Holdings, Inventory};
+use crate::state::{DeviceReader, ForeignHold, Holder, Holdings, Inventory, Writer};
 use crate::uds;
+use double_booking::{Confirmed, Warned, detect};
 
 /// How long one poll waits for the kubelet's answer.
 pub(crate) const LIST_TIMEOUT: Duration = Duration::from_secs(1);
@@ -49,7 +52,7 @@ pub(crate) const MAX_ANSWER: usize = 4 << 20;
 /// tolerations of 300 s): past it the holders may be gone, and the view says it cannot tell.
 pub(crate) const STALE_LIMIT: Duration = Duration::from_secs(300);
 
-pub struct PodResources {
+pub(crate) struct PodResources {
     socket: PathBuf,
     resource_name: String,
     /// Whether the last lookup worked, so a failure is logged when it starts, not per poll.
@@ -57,7 +60,7 @@ pub struct PodResources {
 }
 
 impl PodResources {
-    pub fn new(socket: PathBuf, resource_name: String) -> Self {
+    pub(crate) fn new(socket: PathBuf, resource_name: String) -> Self {
         PodResources {
             socket,
             resource_name,
@@ -129,7 +132,7 @@ impl PodResources {
         state: DeviceReader,
         sharing: Sharing,
         interval: Duration,
-        holdings: Arc<watch::Sender<Arc<Holdings>>>,
+        holdings: Writer<Arc<Holdings>>,
         shutdown: CancellationToken,
     ) {
         let mut view = View::new(STALE_LIMIT.max(interval * 2));
@@ -369,7 +372,7 @@ mod tests {
     use crate::proto::deviceplugin::{
         ContainerPreferredAllocationRequest, PreferredAllocationRequest,
     };
-    use crate::state::DeviceState;
+    use crate::state::{DeviceState, Reader};
     use crate::testkit::log::Log;
     use crate::testkit::pod_resources_stub::{PodResourcesStub, pod};
     use crate::testkit::simulate::{Shape, inventory_named};
@@ -394,7 +397,7 @@ mod tests {
 
     /// Waits (on paused time, polls included) until the view satisfies `ok`.
     async fn view_until(
-        holdings: &watch::Sender<Arc<Holdings>>,
+        holdings: &Reader<Arc<Holdings>>,
         ok: impl FnMut(&Arc<Holdings>) -> bool,
     ) -> Arc<Holdings> {
         let mut view = holdings.subscribe();
@@ -443,13 +446,14 @@ mod tests {
         let mut kubelet = PodResourcesStub::start(&socket, pods.clone()).unwrap();
         let state = DeviceState::default();
         state.apply(by_pci.devices().cloned().collect());
-        let holdings = Arc::new(watch::Sender::new(Arc::<Holdings>::default()));
+        let writer = Writer::<Arc<Holdings>>::default();
+        let holdings = writer.reader();
         let shutdown = CancellationToken::new();
         let poller = tokio::spawn(PodResources::new(socket.clone(), EFA.into()).run(
             state.reader(),
             Sharing::default(),
             INTERVAL,
-            holdings.clone(),
+            writer,
             shutdown.clone(),
         ));
         let contributors =
