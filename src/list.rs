@@ -8,7 +8,7 @@ use crate::cdi::{Kind, device_name};
 use crate::config::{OutputFormat, Settings};
 use crate::conflict;
 use crate::health;
-use crate::state::{Health, Verdict};
+use crate::state::{Conflict, DeviceRecord, Health};
 
 #[derive(Serialize)]
 struct Row<'a> {
@@ -43,7 +43,19 @@ fn cdi_cell(names: &[String]) -> String {
     }
 }
 
+/// Prints the node's EFAs to `out` as the running plugin would judge them.
 pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> anyhow::Result<()> {
+    let records = judged(settings)?;
+    let kind = settings.resource_name.cdi_kind().ok();
+    match format {
+        OutputFormat::Json => write_json(settings, kind, &records, out),
+        OutputFormat::Table => write_table(settings, kind, &records, out),
+    }
+}
+
+/// The node's EFAs as the running plugin judges them: each by its own verdict, and all
+/// withheld while an EFA DRA driver is registered.
+fn judged(settings: &Settings) -> anyhow::Result<Vec<DeviceRecord>> {
     let judge = settings.judge();
     let observed = health::observe(&settings.sysfs_root, settings.device_id_strategy, &judge);
     if let Some(failed) = observed.failed {
@@ -58,75 +70,94 @@ pub fn print(settings: &Settings, format: OutputFormat, out: &mut dyn Write) -> 
     if observed.netns_exclusive {
         eprintln!("error: {}", health::NETNS_EXCLUSIVE);
     }
-    let mut records = observed.records;
-    // As the running plugin judges them: withheld while an EFA DRA driver is registered.
+    Ok(match registered_driver(settings) {
+        None => observed.records,
+        Some(conflict) => observed
+            .records
+            .iter()
+            .map(|record| conflict.withhold(record))
+            .collect(),
+    })
+}
+
+/// The conflict the running plugin's guard would find: an EFA DRA driver registered on the
+/// node, unless coexistence is allowed.
+fn registered_driver(settings: &Settings) -> Option<Conflict> {
+    if settings.allow_dra_coexistence {
+        return None;
+    }
     let registry = &settings.plugins_registry_dir;
-    let registered = if settings.allow_dra_coexistence {
-        None
-    } else {
+    let (driver, socket) =
         conflict::find_driver(registry, &settings.dra_drivers).unwrap_or_else(|err| {
             eprintln!(
                 "warning: cannot list {}, so whether a DRA driver is registered is unknown: {err}",
                 registry.display()
             );
             None
+        })?;
+    let reason = conflict::describe(&driver, &socket, settings.resource_name.as_str());
+    eprintln!("warning: {reason}");
+    Some(Conflict { driver, reason })
+}
+
+/// The rows for scripts: one object per EFA, with the keys the README documents.
+fn write_json(
+    settings: &Settings,
+    kind: Option<&Kind>,
+    records: &[DeviceRecord],
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    let rows: Vec<Row> = records
+        .iter()
+        .map(|r| Row {
+            id: &r.efa.id,
+            ibdev: &r.efa.ibdev,
+            pci_address: &r.efa.pci_address,
+            uverbs: &r.efa.uverbs,
+            numa_node: r.efa.numa_node,
+            health: r.verdict.health,
+            cdi_devices: cdi_names(settings, kind, &r.efa.id),
         })
-    };
-    if let Some((driver, socket)) = registered {
-        let reason = conflict::describe(&driver, &socket, settings.resource_name.as_str());
-        eprintln!("warning: {reason}");
-        for record in &mut records {
-            record.verdict = Verdict::unhealthy(reason.clone());
-        }
+        .collect();
+    serde_json::to_writer_pretty(&mut *out, &rows)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+/// The rows for people: one line per EFA, and a line saying so when there is none.
+fn write_table(
+    settings: &Settings,
+    kind: Option<&Kind>,
+    records: &[DeviceRecord],
+    out: &mut dyn Write,
+) -> anyhow::Result<()> {
+    writeln!(
+        out,
+        "{:<14} {:<14} {:<13} {:<9} {:>4} {:<9} {:<13} {:<35} REASON",
+        "ID", "IBDEV", "PCI ADDRESS", "UVERBS", "NUMA", "HEALTH", "PCI ID", "CDI DEVICE"
+    )?;
+    for r in records {
+        let numa = r.efa.numa_node.map_or("-".to_owned(), |n| n.to_string());
+        writeln!(
+            out,
+            "{:<14} {:<14} {:<13} {:<9} {:>4} {:<9} {:<13} {:<35} {}",
+            r.efa.id,
+            r.efa.ibdev,
+            r.efa.pci_address,
+            r.efa.uverbs,
+            numa,
+            r.verdict.health.to_string(),
+            format!("{}:{}", r.efa.vendor, r.efa.device),
+            cdi_cell(&cdi_names(settings, kind, &r.efa.id)),
+            r.verdict.reason.as_deref().unwrap_or("")
+        )?;
     }
-    let kind = settings.resource_name.cdi_kind().ok();
-    match format {
-        OutputFormat::Json => {
-            let rows: Vec<Row> = records
-                .iter()
-                .map(|r| Row {
-                    id: &r.efa.id,
-                    ibdev: &r.efa.ibdev,
-                    pci_address: &r.efa.pci_address,
-                    uverbs: &r.efa.uverbs,
-                    numa_node: r.efa.numa_node,
-                    health: r.verdict.health,
-                    cdi_devices: cdi_names(settings, kind, &r.efa.id),
-                })
-                .collect();
-            serde_json::to_writer_pretty(&mut *out, &rows)?;
-            writeln!(out)?;
-        }
-        OutputFormat::Table => {
-            writeln!(
-                out,
-                "{:<14} {:<14} {:<13} {:<9} {:>4} {:<9} {:<13} {:<35} REASON",
-                "ID", "IBDEV", "PCI ADDRESS", "UVERBS", "NUMA", "HEALTH", "PCI ID", "CDI DEVICE"
-            )?;
-            for r in &records {
-                let numa = r.efa.numa_node.map_or("-".to_owned(), |n| n.to_string());
-                writeln!(
-                    out,
-                    "{:<14} {:<14} {:<13} {:<9} {:>4} {:<9} {:<13} {:<35} {}",
-                    r.efa.id,
-                    r.efa.ibdev,
-                    r.efa.pci_address,
-                    r.efa.uverbs,
-                    numa,
-                    r.verdict.health.to_string(),
-                    format!("{}:{}", r.efa.vendor, r.efa.device),
-                    cdi_cell(&cdi_names(settings, kind, &r.efa.id)),
-                    r.verdict.reason.as_deref().unwrap_or("")
-                )?;
-            }
-            if records.is_empty() {
-                writeln!(
-                    out,
-                    "(no EFA under {}/class/infiniband)",
-                    settings.sysfs_root.display()
-                )?;
-            }
-        }
+    if records.is_empty() {
+        writeln!(
+            out,
+            "(no EFA under {}/class/infiniband)",
+            settings.sysfs_root.display()
+        )?;
     }
     Ok(())
 }
