@@ -85,6 +85,76 @@ struct Written {
     identity: Option<Identity>,
 }
 
+/// What `follow` knows of the file between renders.
+#[derive(Default)]
+struct OnDisk {
+    /// What was last written, while it is believed to be there.
+    written: Option<Written>,
+    /// The kind of error of the failing streak: the message names a random temp file, so
+    /// comparing messages would log every retry.
+    failing: Option<io::ErrorKind>,
+    /// Whether the last recheck found the file changed, so a streak of tampering logs once.
+    tampered: bool,
+}
+
+/// What a rendering reads, and how `follow` learns that it changed.
+struct Inputs {
+    devices: watch::Receiver<Arc<Inventory>>,
+    holdings: Option<watch::Receiver<Arc<Holdings>>>,
+    also: Option<Changes>,
+    /// Holds the snapshot's sender, which closes `devices` only when dropped: so `devices`
+    /// never ends, and waiting on it means waiting for a change.
+    _sender: DeviceReader,
+}
+
+/// Why `follow` stopped waiting.
+enum Wake {
+    /// Something the rendering reads changed.
+    Changed,
+    /// The recheck interval passed with no change.
+    Recheck,
+    Shutdown,
+}
+
+impl Inputs {
+    /// `render` of the current snapshot and view, marking both seen, so the next wait ends
+    /// only on a later change.
+    fn render(
+        &mut self,
+        render: impl Fn(&Inventory, &Holdings) -> Option<String>,
+    ) -> Option<String> {
+        let view = self
+            .holdings
+            .as_mut()
+            .map(|view| view.borrow_and_update().clone())
+            .unwrap_or_default();
+        render(&self.devices.borrow_and_update(), &view)
+    }
+
+    /// Waits for a change, the recheck after `recheck` (never without one), or `shutdown`. A
+    /// view or a signal that ends counts as a change once, then is waited on no more.
+    async fn next(&mut self, recheck: Option<Duration>, shutdown: &CancellationToken) -> Wake {
+        tokio::select! {
+            _ = shutdown.cancelled() => Wake::Shutdown,
+            // Fails only once the channel is closed, which `_sender` rules out.
+            _ = self.devices.changed() => Wake::Changed,
+            alive = view_changed(&mut self.holdings) => {
+                if !alive {
+                    self.holdings = None;
+                }
+                Wake::Changed
+            }
+            alive = signalled(&mut self.also) => {
+                if !alive {
+                    self.also = None;
+                }
+                Wake::Changed
+            }
+            _ = pause(recheck) => Wake::Recheck,
+        }
+    }
+}
+
 impl HostFile {
     /// Keeps the file equal to `render` of the current snapshot, absent while that is `None`,
     /// until `shutdown`, then removes it unless `keep_on_exit` gives a reason not to. Never
@@ -97,101 +167,106 @@ impl HostFile {
         render: impl Fn(&Inventory, &Holdings) -> Option<String>,
         shutdown: CancellationToken,
     ) {
-        let mut devices = state.subscribe();
-        let mut holdings = self.holdings.take();
-        let mut also = self.also.take();
-        let mut written: Option<Written> = None;
-        // The kind of error of the failing streak: the message names a random temp file, so
-        // comparing messages would log every retry.
-        let mut failing: Option<io::ErrorKind> = None;
-        // Whether the last recheck found the file changed, so a streak of tampering logs once.
-        let mut tampered = false;
+        let mut inputs = Inputs {
+            devices: state.subscribe(),
+            holdings: self.holdings.take(),
+            also: self.also.take(),
+            _sender: state,
+        };
+        let mut disk = OnDisk::default();
         'follow: loop {
-            let view = holdings
-                .as_mut()
-                .map(|view| view.borrow_and_update().clone())
-                .unwrap_or_default();
-            let wanted = render(&devices.borrow_and_update(), &view);
-            if wanted.is_none() && written.take().is_some() {
-                self.remove();
-            }
-            if let Some(text) =
-                wanted.filter(|text| written.as_ref().map(|w| &w.text) != Some(text))
-            {
-                match write_atomically(&self.path, &text, self.mode) {
-                    Ok(()) => {
-                        if failing.take().is_some() {
-                            tracing::info!(file = %self.path.display(), "wrote the {} after failures", self.what);
-                        }
-                        written = Some(Written {
-                            identity: Identity::of(&self.path),
-                            text,
-                        });
-                    }
-                    Err(err) => {
-                        if let Some(failures) = &self.failures {
-                            failures.inc();
-                        }
-                        if failing != Some(err.kind()) {
-                            tracing::warn!(
-                                file = %self.path.display(),
-                                error = %err,
-                                retry = %humantime::format_duration(self.recheck),
-                                "cannot write the {}; retrying",
-                                self.what
-                            );
-                        }
-                        failing = Some(err.kind());
-                    }
-                }
-            }
+            self.mirror(inputs.render(&render), &mut disk);
             // Rendering a large spec costs; an intact file waits for a change without one.
-            let recheck = (written.is_some() || failing.is_some()).then_some(self.recheck);
+            let recheck =
+                (disk.written.is_some() || disk.failing.is_some()).then_some(self.recheck);
             loop {
-                tokio::select! {
-                    _ = shutdown.cancelled() => break 'follow,
-                    changed = devices.changed() => match changed {
-                        Ok(()) => break,
-                        Err(_) => break 'follow,
-                    },
-                    alive = view_changed(&mut holdings) => {
-                        if !alive {
-                            holdings = None;
-                        }
-                        break;
-                    }
-                    alive = signalled(&mut also) => {
-                        if !alive {
-                            also = None;
-                        }
-                        break;
-                    }
-                    _ = pause(recheck) => {}
+                match inputs.next(recheck, &shutdown).await {
+                    Wake::Shutdown => break 'follow,
+                    Wake::Changed => break,
+                    Wake::Recheck if self.stale(&mut disk) => break,
+                    Wake::Recheck => {}
                 }
-                if failing.is_some() {
-                    break;
+            }
+        }
+        self.leave(disk.written.is_some()).await;
+    }
+
+    /// Brings the file on disk to `wanted`: removed when nothing is wanted, written when the
+    /// text is not the one last written.
+    fn mirror(&self, wanted: Option<String>, disk: &mut OnDisk) {
+        match wanted {
+            None => {
+                if disk.written.take().is_some() {
+                    self.remove();
                 }
-                let intact = written
-                    .as_ref()
-                    .is_none_or(|w| Identity::of(&self.path) == w.identity);
-                if intact {
-                    tampered = false;
-                    continue;
+            }
+            Some(text) if disk.written.as_ref().is_some_and(|w| w.text == text) => {}
+            Some(text) => self.write(text, disk),
+        }
+    }
+
+    /// Writes `text`; a failure is counted, and logged once per streak of one kind of error.
+    fn write(&self, text: String, disk: &mut OnDisk) {
+        match write_atomically(&self.path, &text, self.mode) {
+            Ok(()) => {
+                if disk.failing.take().is_some() {
+                    tracing::info!(file = %self.path.display(), "wrote the {} after failures", self.what);
                 }
-                if !tampered {
+                disk.written = Some(Written {
+                    identity: Identity::of(&self.path),
+                    text,
+                });
+            }
+            Err(err) => {
+                if let Some(failures) = &self.failures {
+                    failures.inc();
+                }
+                if disk.failing != Some(err.kind()) {
                     tracing::warn!(
                         file = %self.path.display(),
-                        "the {} was removed or changed by someone else; writing it again",
+                        error = %err,
+                        retry = %humantime::format_duration(self.recheck),
+                        "cannot write the {}; retrying",
                         self.what
                     );
                 }
-                tampered = true;
-                written = None;
-                break;
+                disk.failing = Some(err.kind());
             }
         }
+    }
+
+    /// At a recheck: whether the file must be written again, because the last write failed or
+    /// someone else removed or changed the file since. A tampered file is forgotten, so the
+    /// next render writes it whatever its text.
+    fn stale(&self, disk: &mut OnDisk) -> bool {
+        if disk.failing.is_some() {
+            return true;
+        }
+        let intact = disk
+            .written
+            .as_ref()
+            .is_none_or(|w| Identity::of(&self.path) == w.identity);
+        if intact {
+            disk.tampered = false;
+            return false;
+        }
+        if !disk.tampered {
+            tracing::warn!(
+                file = %self.path.display(),
+                "the {} was removed or changed by someone else; writing it again",
+                self.what
+            );
+        }
+        disk.tampered = true;
+        disk.written = None;
+        true
+    }
+
+    /// On exit: removes the file, unless it was `written` and `keep_on_exit` gives a reason
+    /// to keep it.
+    async fn leave(mut self, written: bool) {
         let keep = match self.keep_on_exit.take() {
-            Some(keep) if written.is_some() => keep().await,
+            Some(keep) if written => keep().await,
             _ => None,
         };
         match keep {
@@ -268,6 +343,20 @@ mod tests {
     use crate::state::DeviceState;
     use crate::testkit::simulate::{Shape, inventory};
 
+    /// A file that renders the snapshot alone and is removed on exit.
+    fn test_file(path: &Path, recheck: Duration, failures: Option<Counter>) -> HostFile {
+        HostFile {
+            path: path.to_owned(),
+            what: "test file",
+            recheck,
+            mode: 0o644,
+            failures,
+            keep_on_exit: None,
+            holdings: None,
+            also: None,
+        }
+    }
+
     async fn wait_until(what: &str, done: impl Fn() -> bool) {
         for _ in 0..500 {
             if done() {
@@ -286,16 +375,7 @@ mod tests {
         std::fs::write(&blocker, "").unwrap();
         let path = blocker.join("out");
         let failures = Counter::default();
-        let file = HostFile {
-            path: path.clone(),
-            what: "test file",
-            recheck: Duration::from_millis(20),
-            mode: 0o644,
-            failures: Some(failures.clone()),
-            keep_on_exit: None,
-            holdings: None,
-            also: None,
-        };
+        let file = test_file(&path, Duration::from_millis(20), Some(failures.clone()));
         let state = DeviceState::default();
         state.apply(inventory(Shape::P4d).devices().cloned().collect());
         let shutdown = CancellationToken::new();
@@ -313,6 +393,48 @@ mod tests {
         let settled = failures.get();
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert_eq!(failures.get(), settled, "no retries once written");
+        shutdown.cancel();
+        task.await.unwrap();
+        assert!(!path.exists());
+    }
+
+    /// `follow` has no arm for a closed snapshot channel because its reader keeps the sender:
+    /// with every writer gone it neither stops (removing the file) nor wakes for nothing.
+    #[tokio::test(start_paused = true)]
+    async fn follow_outlives_the_snapshots_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out");
+        let recheck = Duration::from_secs(1);
+        let file = test_file(&path, recheck, None);
+        let state = DeviceState::default();
+        state.apply(inventory(Shape::P4d).devices().cloned().collect());
+        let renders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counted = renders.clone();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(file.follow(
+            state.reader(),
+            move |inventory, _| {
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Some(inventory.devices().len().to_string())
+            },
+            shutdown.clone(),
+        ));
+        wait_until("the first write", || {
+            std::fs::read_to_string(&path).is_ok_and(|text| text == "4")
+        })
+        .await;
+        drop(state);
+        // Yields and explicit steps rather than a sleep: a follower that spun on a closed
+        // channel would never let paused time advance, and the test would hang, not fail.
+        for _ in 0..5 {
+            tokio::time::advance(recheck).await;
+            for _ in 0..50 {
+                tokio::task::yield_now().await;
+            }
+        }
+        assert!(!task.is_finished(), "follow stopped with the writer");
+        assert_eq!(renders.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "4");
         shutdown.cancel();
         task.await.unwrap();
         assert!(!path.exists());

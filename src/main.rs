@@ -26,7 +26,12 @@ fn main() -> ExitCode {
     };
     let outcome = match command {
         Command::Run => app::serve(settings),
-        Command::List { output } => list::print(&settings, output, &mut std::io::stdout()),
+        Command::List { output } => list::print(
+            &settings,
+            output,
+            &mut std::io::stdout(),
+            &mut std::io::stderr(),
+        ),
         #[cfg(feature = "demo")]
         Command::Demo => efa_device_plugin::demo::run(),
         Command::Settings { output } => config::print_settings(output, &mut std::io::stdout()),

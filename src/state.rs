@@ -94,6 +94,17 @@ pub struct Conflict {
     pub reason: String,
 }
 
+impl Conflict {
+    /// `record` as served while the conflict lasts: Unhealthy for the conflict's reason,
+    /// whatever its own verdict. The one rule, for the snapshot and for `list`.
+    pub(crate) fn withhold(&self, record: &DeviceRecord) -> DeviceRecord {
+        DeviceRecord {
+            efa: record.efa.clone(),
+            verdict: Verdict::unhealthy(self.reason.clone()),
+        }
+    }
+}
+
 /// What a new observation changed, for logging each change once.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Change {
@@ -158,17 +169,11 @@ impl Inventory {
     /// Rebuilds what is advertised; a conflict hides every device's own verdict without
     /// losing it.
     fn with(observed: BTreeMap<String, DeviceRecord>, conflict: Option<Conflict>) -> Inventory {
-        let devices = match conflict.as_ref().map(|c| &c.reason) {
+        let devices = match &conflict {
             None => observed.clone(),
-            Some(reason) => observed
+            Some(conflict) => observed
                 .iter()
-                .map(|(id, record)| {
-                    let hidden = DeviceRecord {
-                        efa: record.efa.clone(),
-                        verdict: Verdict::unhealthy(reason.clone()),
-                    };
-                    (id.clone(), hidden)
-                })
+                .map(|(id, record)| (id.clone(), conflict.withhold(record)))
                 .collect(),
         };
         Inventory {

@@ -6,7 +6,9 @@ mod support;
 use std::path::Path;
 
 use efa_device_plugin::testkit::simulate::{FakeNode, Shape};
-use support::{assert_one_line_error, node_args, node_kind, run_binary, write_config};
+use support::{
+    assert_one_line_error, binary_command, node_args, node_kind, run_binary, write_config,
+};
 
 #[test]
 fn precedence_is_flag_env_file_default() {
@@ -715,6 +717,36 @@ fn list_names_a_registered_dra_driver_and_what_to_check() {
     let (_, stdout, stderr) = list(&["--allow-dra-coexistence"]);
     assert!(!stderr.contains("DRA"), "{stderr}");
     assert_eq!(stdout.matches("Unhealthy").count(), 0, "{stdout}");
+}
+
+/// `list` writes its warnings as `main` writes its own lines: a closed stderr loses them, not
+/// the listing or the exit status (`eprintln!` would panic, and the release build abort).
+#[test]
+fn list_with_a_closed_stderr_still_lists_and_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, _) = FakeNode::build(dir.path(), Shape::P4d, node_kind()).unwrap();
+    let registry = dir.path().join("plugins_registry");
+    std::fs::create_dir(&registry).unwrap();
+    // A registered DRA driver: something `list` warns about.
+    let _dranet =
+        std::os::unix::net::UnixListener::bind(registry.join("dra.net-reg.sock")).unwrap();
+    let mut args = node_args(&node);
+    args.extend([
+        "--plugins-registry-dir".to_owned(),
+        registry.display().to_string(),
+    ]);
+    args.push("list".to_owned());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (closed, stderr) = std::io::pipe().unwrap();
+    drop(closed);
+    let output = binary_command(&args, &[]).stderr(stderr).output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert_eq!(
+        stdout.matches("DRA driver dra.net is registered").count(),
+        4,
+        "every EFA listed, withheld: {stdout}"
+    );
 }
 
 #[test]

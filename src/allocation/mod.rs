@@ -383,3 +383,100 @@ fn resolve<'a>(
     }
     Ok(devices)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use super::*;
+    use crate::state::{DeviceRecord, Verdict};
+    use crate::testkit::simulate::{Shape, inventory};
+
+    /// The (ID asked by, EFA) pairs `resolve` gives, or its error.
+    type Resolved<'a> = Result<Vec<(&'a str, &'a str)>, AllocateError>;
+
+    /// Every way `resolve` maps a container's IDs: each EFA once under the first ID it was
+    /// asked by, in the order asked, and the whole request refused at the first ID that is
+    /// not a healthy EFA of this node under this sharing.
+    #[test]
+    fn resolve_maps_ids_to_healthy_efas_once_each() {
+        let mut records: Vec<DeviceRecord> = inventory(Shape::P4d).devices().cloned().collect();
+        records[1].verdict = Verdict::unhealthy("link down");
+        let inventory = Inventory::default().observe(records).0;
+        let ids: Vec<&str> = inventory.devices().map(|d| d.efa.id.as_str()).collect();
+        let (a, b, c) = (ids[0], ids[1], ids[2]);
+        let replica = |id: &str, k: u32| format!("{id}{}{k}", sharing::SEPARATOR);
+        let (a0, a1, a2, b1, c0) = (
+            replica(a, 0),
+            replica(a, 1),
+            replica(a, 2),
+            replica(b, 1),
+            replica(c, 0),
+        );
+        let (a0, a1, a2, b1, c0) = (&*a0, &*a1, &*a2, &*b1, &*c0);
+        let one = Sharing::default();
+        let two = Sharing::replicas(NonZeroU32::new(2).unwrap());
+        let unknown = |id: &str| Err(AllocateError::Unknown(id.to_owned()));
+        let unhealthy = |id: &str| {
+            Err(AllocateError::Unhealthy {
+                id: id.to_owned(),
+                reason: "link down".to_owned(),
+            })
+        };
+        let stranger = "rdmap0s0";
+        let cases: [(&str, Sharing, &[&str], Resolved); 12] = [
+            ("nothing asked", one, &[], Ok(vec![])),
+            ("in the order asked", one, &[c, a], Ok(vec![(c, c), (a, a)])),
+            ("an ID twice, its EFA once", one, &[a, a], Ok(vec![(a, a)])),
+            (
+                "two replicas of an EFA give it once, under the first",
+                two,
+                &[a1, c0, a0],
+                Ok(vec![(a1, a), (c0, c)]),
+            ),
+            (
+                "not an EFA of this node",
+                one,
+                &[stranger],
+                unknown(stranger),
+            ),
+            (
+                "one unknown ID refuses all",
+                one,
+                &[a, stranger],
+                unknown(stranger),
+            ),
+            ("a bare EFA ID while shared", two, &[a], unknown(a)),
+            ("a replica past the count", two, &[a2], unknown(a2)),
+            ("a replica ID while unshared", one, &[a0], unknown(a0)),
+            (
+                "an unhealthy EFA, with its reason",
+                one,
+                &[a, b],
+                unhealthy(b),
+            ),
+            (
+                "an unhealthy EFA under a replica ID",
+                two,
+                &[b1],
+                unhealthy(b1),
+            ),
+            (
+                "the first bad ID is reported",
+                one,
+                &[b, stranger],
+                unhealthy(b),
+            ),
+        ];
+        for (case, sharing, asked, expected) in cases {
+            let asked: Vec<String> = asked.iter().map(|id| id.to_string()).collect();
+            let resolved = resolve(&inventory, sharing, &asked).map(|devices| {
+                devices
+                    .iter()
+                    .map(|d| (d.id, d.efa.id.as_str()))
+                    .collect::<Vec<_>>()
+            });
+            assert_eq!(resolved, expected, "{case}");
+        }
+    }
+}

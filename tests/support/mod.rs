@@ -256,8 +256,8 @@ pub(crate) fn fds_and_tasks(pid: u32) -> (usize, usize) {
     (count("fd"), count("task"))
 }
 
-/// Runs the binary to completion with `args` and `env`, returning (exit code, stdout, stderr).
-pub(crate) fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+/// The binary with `args` and `env` and none of the caller's settings from the environment.
+pub(crate) fn binary_command(args: &[&str], env: &[(&str, &str)]) -> Command {
     let mut command = Command::new(BINARY);
     command
         .args(args)
@@ -271,7 +271,12 @@ pub(crate) fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, S
     for (key, value) in env {
         command.env(key, value);
     }
-    let output = command.output().expect("run binary");
+    command
+}
+
+/// Runs the binary to completion with `args` and `env`, returning (exit code, stdout, stderr).
+pub(crate) fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let output = binary_command(args, env).output().expect("run binary");
     (
         output.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&output.stdout).into_owned(),
