@@ -207,7 +207,7 @@ on_dra_node() {
 
 # ---------------------------------------------------------------- cases
 
-# The README's procedure: the plugin serves P1; cordon, drain, install the
+# The procedure of docs/dra.md: the plugin serves P1; cordon, drain, install the
 # driver; the guard trips; uncordon; P2, the same spec, runs through DRA; the
 # plugin leaves the node through its label; P2 keeps running.
 dra_handoff() {
@@ -319,7 +319,7 @@ dra_no_bridge() {
 }
 
 # The hand-over with a kubelet restart in it (kubernetes PR #141426, fixed in
-# 1.38): P1 holds an EFA through the plugin; the README's hand-over (cordon,
+# 1.38): P1 holds an EFA through the plugin; docs/dra.md's hand-over (cordon,
 # drain, driver in, plugin out by its label); the kubelet restarts, with the
 # plugin's resource in its checkpoint; P2, the same spec, is given an EFA by
 # DRA. Records whether P2's container starts. Before 1.38 the kubelet may
@@ -373,7 +373,7 @@ case_dra_no_bridge() { on_dra_node dra_no_bridge; }
 # dra_cases: the cases this version can run, with the bridge or without it.
 dra_cases() {
 	if dra_bridge_on; then
-		run_case "(D1) DRA handoff, README order: cordon, drain, driver in; same spec through DRA; plugin leaves by label" case_dra_handoff
+		run_case "(D1) DRA handoff, documented order: cordon, drain, driver in; same spec through DRA; plugin leaves by label" case_dra_handoff
 		run_case "(D2) DRA handoff unsafe: driver in while P1 holds an EFA; warning, held_devices, whom DRA gives P1's EFA" case_dra_unsafe
 		run_case "(D3) DRA hand back: drain, driver out; guard clears, same spec through the plugin" case_dra_hand_back
 		run_case "(D5) DRA handoff, then a kubelet restart: does the same spec's new pod start through DRA (PR #141426)" case_dra_restart_handoff

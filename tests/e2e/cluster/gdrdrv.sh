@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # shellcheck disable=SC2034 # REASON and CASE_DETAIL are read by run_case (lib/host.sh)
-# GPU-initiated networking without privileged: the chart installed as the
-# README's "GPU-initiated networking" section shows it, extra-device-nodes:
+# GPU-initiated networking without privileged: the chart installed as
+# docs/gpu-initiated-networking.md shows it, extra-device-nodes:
 # [/dev/gdrdrv] with the node mounted into the plugin pod, and a Job asking
 # for EFAs sees /dev/gdrdrv, with the host's number, next to exactly its
 # uverbs nodes.
@@ -14,7 +14,7 @@ GDRDRV=/dev/gdrdrv
 # container only lists the node, it never opens it.
 GDRDRV_MAJOR=235
 
-# The suite's chart values plus the README's settings for /dev/gdrdrv; the
+# The suite's chart values plus the docs' settings for /dev/gdrdrv; the
 # lists are the suite's with the node added, as Helm replaces a list whole.
 gdrdrv_values() {
 	python3 - "$TEST_VALUES" "$GDRDRV" <<-'EOF'

@@ -97,7 +97,7 @@ ours_install() {
 		{ REASON="helm install $OURS_RELEASE $* failed"; return 1; }
 }
 
-# ours_rolled_out: the README's check, then allocatable back at 4.
+# ours_rolled_out: the check in docs/migration.md's step 3, then allocatable back at 4.
 ours_rolled_out() {
 	if ! kns rollout status "daemonset/$OURS_RELEASE" --timeout=120s >/dev/null 2>&1; then
 		REASON="rollout status of $OURS_RELEASE did not succeed within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
@@ -238,7 +238,7 @@ migration_readme() {
 	standin_with_holder || return 1
 	mark=$(kubelet_log_lines)
 	sampler_start "$T/allocatable-readme"
-	# The README's steps, in order.
+	# The steps of docs/migration.md, in order.
 	standin_uninstall || return 1
 	ours_install || return 1
 	ours_rolled_out || return 1
