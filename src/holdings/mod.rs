@@ -142,8 +142,10 @@ impl PodResources {
         loop {
             let inventory = state.current();
             let answer = self.poll().await.map(|response| {
-                let mut next = derive(&response, &self.resource_name, &inventory, sharing);
+                // One map of names serves both readings of the answer.
                 let names = Names::of(&inventory);
+                let mut next =
+                    derive_named(&response, &self.resource_name, &inventory, &names, sharing);
                 let found = detect(
                     &response,
                     &self.resource_name,
@@ -277,7 +279,23 @@ pub(crate) fn derive(
     inventory: &Inventory,
     sharing: Sharing,
 ) -> Holdings {
-    let names = Names::of(inventory);
+    derive_named(
+        response,
+        resource_name,
+        inventory,
+        &Names::of(inventory),
+        sharing,
+    )
+}
+
+/// [`derive`] with the names of `inventory`'s EFAs already mapped.
+fn derive_named(
+    response: &ListPodResourcesResponse,
+    resource_name: &str,
+    inventory: &Inventory,
+    names: &Names<'_>,
+    sharing: Sharing,
+) -> Holdings {
     let mut holdings = Holdings {
         known: true,
         ..Holdings::default()
