@@ -19,6 +19,7 @@ use crate::conflict::Guard;
 use crate::health::{Monitor, ScanStats};
 use crate::lifecycle::Lifecycle;
 use crate::state::{DeviceState, Holdings, PluginStatus};
+use crate::telemetry::families;
 use crate::telemetry::http::{self, Endpoint};
 use crate::telemetry::metrics::Metrics;
 use crate::telemetry::pod_resources::PodResources;
@@ -265,11 +266,7 @@ impl Plugin {
             settings.counter_pod_labels,
         );
         if let Some(failures) = cdi_failures {
-            metrics.register_counter(
-                "efa_device_plugin_cdi_spec_write_failures",
-                "Failed attempts to write the CDI spec file (each is retried)",
-                failures,
-            );
+            metrics.register_counter(&families::CDI_SPEC_WRITE_FAILURES, failures);
         }
         let endpoint = Arc::new(Endpoint {
             metrics,

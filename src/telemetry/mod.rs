@@ -4,6 +4,7 @@
 
 pub mod counters;
 pub(crate) mod double_booking;
+pub mod families;
 pub mod fds;
 pub mod http;
 pub mod metrics;
