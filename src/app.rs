@@ -22,6 +22,7 @@ use crate::state::{
     Competition, ConflictWriter, DeviceReader, DeviceState, Holdings, Reader, Registration,
     StatusReader, Writer,
 };
+use crate::telemetry::families;
 use crate::telemetry::http::{self, Endpoint};
 use crate::telemetry::metrics::Metrics;
 
@@ -292,11 +293,7 @@ impl Plugin<'_> {
             self.settings.counter_pod_labels,
         );
         if let Some(failures) = self.strategy.cdi_failures() {
-            metrics.register_counter(
-                "efa_device_plugin_cdi_spec_write_failures",
-                "Failed attempts to write the CDI spec file (each is retried)",
-                failures,
-            );
+            metrics.register_counter(&families::CDI_SPEC_WRITE_FAILURES, failures);
         }
         let endpoint = Arc::new(Endpoint {
             metrics,

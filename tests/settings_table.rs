@@ -6,7 +6,7 @@ mod support;
 
 use std::collections::BTreeMap;
 
-use support::run_binary;
+use support::{readme_table, run_binary};
 
 const README: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md"));
 const HEADER: &str = "| flag | env | file key | default | meaning |";
@@ -44,29 +44,22 @@ fn binary_table() -> Table {
 /// The rows of the table under [`HEADER`]: `` `--flag VALUE` ``, `` `VARIABLE` ``, the file key
 /// and the default in backticks or [`NONE`], then the help, which is the README's own.
 fn readme_table(readme: &str) -> Table {
-    let start = readme.find(HEADER).expect("the README's settings table");
     let code = |cell: &str| {
         let cell = cell.trim();
         (cell != NONE).then(|| cell.trim_matches('`').to_owned())
     };
-    readme[start..]
-        .lines()
-        .skip(2)
-        .take_while(|line| line.starts_with('|'))
-        .map(|line| {
-            // An escaped `\|` is part of a cell (`text\|json`), not a border.
-            let cells: Vec<String> = line
-                .replace("\\|", "/")
-                .trim_matches('|')
-                .split('|')
-                .map(str::to_owned)
-                .collect();
-            assert!(cells.len() >= 5, "a README row with too few cells: {line}");
+    readme_table::rows(readme, HEADER)
+        .into_iter()
+        .map(|cells| {
+            assert!(
+                cells.len() >= 5,
+                "a README row with too few cells: {cells:?}"
+            );
             let flag = code(&cells[0]).unwrap_or_default();
             let flag = flag
                 .strip_prefix("--")
                 .and_then(|flag| flag.split(' ').next())
-                .unwrap_or_else(|| panic!("no --flag in the README row {line}"));
+                .unwrap_or_else(|| panic!("no --flag in the README row {cells:?}"));
             let row = Row {
                 env: code(&cells[1]).unwrap_or_default(),
                 file_key: code(&cells[2]),
@@ -79,20 +72,7 @@ fn readme_table(readme: &str) -> Table {
 
 /// Each way the README's table differs from the binary's, one line each.
 fn differences(readme: &Table, binary: &Table) -> Vec<String> {
-    let mut found = Vec::new();
-    for (flag, row) in binary {
-        match readme.get(flag) {
-            None => found.push(format!("--{flag} is not in the README: {row:?}")),
-            Some(documented) if documented != row => found.push(format!(
-                "--{flag}: the README says {documented:?}, the binary {row:?}"
-            )),
-            Some(_) => {}
-        }
-    }
-    for flag in readme.keys().filter(|flag| !binary.contains_key(*flag)) {
-        found.push(format!("--{flag} is in the README but not in the binary"));
-    }
-    found
+    readme_table::differences(readme, binary, |flag| format!("--{flag}"))
 }
 
 #[test]

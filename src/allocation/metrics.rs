@@ -1,12 +1,12 @@
 //! What the Allocate path records. It is the one figure the state cannot show, because an answer
-//! leaves no trace there; telemetry only registers these series.
+//! leaves no trace there; telemetry only registers these series, under the names its metrics
+//! table gives them.
 
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
 
 type ResultLabel = [(&'static str, &'static str); 1];
 
@@ -40,17 +40,8 @@ impl AllocationMetrics {
         self.duration.observe(elapsed.as_secs_f64());
     }
 
-    /// Adds both series to the scrape.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "efa_device_plugin_allocations",
-            "Allocate calls answered, by result",
-            self.outcomes.clone(),
-        );
-        registry.register(
-            "efa_device_plugin_allocate_duration_seconds",
-            "Time to answer an Allocate call",
-            self.duration.clone(),
-        );
+    /// Both series, for the scrape: the calls by result, and their durations.
+    pub(crate) fn series(&self) -> (Family<ResultLabel, Counter>, Histogram) {
+        (self.outcomes.clone(), self.duration.clone())
     }
 }

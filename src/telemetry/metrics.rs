@@ -3,6 +3,9 @@
 //! Device and registration figures are read from the live state when scraped, so they cannot
 //! drift from what the kubelet is told. Only Allocate, which leaves no trace in that state,
 //! keeps counters of its own.
+//!
+//! Every family's name, type, HELP text and labels are its row of the metrics table
+//! ([`super::families`]); this module only reads the values and writes them through the rows.
 
 use std::convert::Infallible;
 use std::fmt::{self, Write as _};
@@ -14,14 +17,14 @@ use std::time::Instant;
 
 use hyper::body::{Bytes, Frame};
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric, prometheus_text};
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::{DescriptorEncoder, prometheus_text};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use super::counters::{CounterFiles, DeviceCounters};
+use super::families::{self, Family};
 use crate::allocation::metrics::AllocationMetrics;
 use crate::health::ScanStats;
 use crate::state::{DeviceReader, Holdings, StatusReader};
@@ -52,7 +55,9 @@ impl Metrics {
         pod_labels: bool,
     ) -> Self {
         let mut registry = Registry::default();
-        allocations.register(&mut registry);
+        let (outcomes, duration) = allocations.series();
+        families::ALLOCATIONS.register(&mut registry, outcomes);
+        families::ALLOCATE_DURATION.register(&mut registry, duration);
         registry.register_collector(Box::new(PluginCollector {
             state: state.clone(),
             status,
@@ -69,9 +74,10 @@ impl Metrics {
         }
     }
 
-    /// Adds a counter that another module keeps, such as the CDI spec's failed writes.
-    pub fn register_counter(&mut self, name: &str, help: &str, counter: Counter) {
-        self.registry.register(name, help, counter);
+    /// Adds a counter that another module keeps, such as the CDI spec's failed writes, as the
+    /// family the metrics table names.
+    pub fn register_counter(&mut self, family: &Family, counter: Counter) {
+        family.register(&mut self.registry, counter);
     }
 
     /// The exposition text of one scrape, written as it is sent: the plugin's own metrics, the
@@ -208,20 +214,17 @@ impl ScrapeBody {
                         },
                         Some(counters) => {
                             if device == 0 {
-                                let _ = write!(
-                                    out,
-                                    "# HELP efa_{name}_total EFA hardware counter {name} (sysfs hw_counters)\n\
-                                     # TYPE efa_{name}_total counter\n"
-                                );
+                                families::HARDWARE_COUNTER.write_header(&mut out, name);
                             }
                             if let Ok(at) = counters
                                 .values
                                 .binary_search_by(|(known, _)| known.as_str().cmp(name))
                             {
-                                let _ = write!(out, "efa_{name}_total");
+                                families::HARDWARE_COUNTER.write_name(&mut out, name);
                                 labels(
                                     &mut out,
-                                    &[("device", &counters.device), ("ibdev", &counters.ibdev)],
+                                    &families::HARDWARE_COUNTER,
+                                    &[&counters.device, &counters.ibdev],
                                 );
                                 let _ = writeln!(out, " {}", counters.values[at].1);
                             }
@@ -245,19 +248,16 @@ impl ScrapeBody {
                                 holder: 0,
                             },
                             Some(h) => {
+                                let family = &families::DEVICE_ALLOCATION;
                                 if !self.headed {
-                                    out.push_str(ALLOCATION_HEADER);
+                                    family.write_header(&mut out, "");
                                     self.headed = true;
                                 }
-                                out.push_str(ALLOCATION);
+                                family.write_name(&mut out, "");
                                 labels(
                                     &mut out,
-                                    &[
-                                        ("device", &counters.device),
-                                        ("namespace", &h.namespace),
-                                        ("pod", &h.pod),
-                                        ("container", &h.container),
-                                    ],
+                                    family,
+                                    &[&counters.device, &h.namespace, &h.pod, &h.container],
                                 );
                                 out.push_str(" 1\n");
                                 Part::Allocation {
@@ -275,14 +275,11 @@ impl ScrapeBody {
     }
 }
 
-const ALLOCATION: &str = "efa_device_allocation";
-const ALLOCATION_HEADER: &str = "# HELP efa_device_allocation 1 for each container that holds the EFA named by device; join on device to attribute the EFA's counters\n\
-                                 # TYPE efa_device_allocation gauge\n";
-
-/// `{name="value",...}`, each value escaped as the text format requires.
-fn labels(out: &mut String, pairs: &[(&str, &str)]) {
+/// `{name="value",...}`: `family`'s label names with `values` in their order, each value
+/// escaped as the text format requires.
+fn labels(out: &mut String, family: &Family, values: &[&str]) {
     out.push('{');
-    for (i, (name, value)) in pairs.iter().enumerate() {
+    for (i, (name, value)) in family.labels.iter().zip(values).enumerate() {
         if i > 0 {
             out.push(',');
         }
@@ -331,151 +328,73 @@ impl fmt::Debug for PluginCollector {
 }
 
 impl Collector for PluginCollector {
+    /// Each family's HELP, TYPE and label names come from its row of the metrics table; only
+    /// the values are read here.
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
         let inventory = self.state.current();
         let status = self.status.current();
         let healthy = inventory.healthy_count();
         let unhealthy = inventory.devices().len() - healthy;
-
-        let mut devices = encoder.encode_descriptor(
-            "efa_device_plugin_devices",
-            "EFA devices advertised to the kubelet, by health; allocatable = healthy",
-            None,
-            MetricType::Gauge,
+        let gauge = |value: i64| ConstGauge::new(value);
+        let by_health = [(["healthy"], healthy), (["unhealthy"], unhealthy)];
+        families::DEVICES.encode(
+            &mut encoder,
+            by_health.map(|(health, count)| (health, gauge(count as i64))),
         )?;
-        for (health, count) in [("healthy", healthy), ("unhealthy", unhealthy)] {
-            ConstGauge::new(count as i64).encode(devices.encode_family(&[("health", health)])?)?;
-        }
-        let mut each = encoder.encode_descriptor(
-            "efa_device_plugin_device_healthy",
-            "1 while the kubelet is told this EFA is Healthy, 0 while Unhealthy (list gives the reason)",
-            None,
-            MetricType::Gauge,
-        )?;
-        for record in inventory.devices() {
-            let labels = [
-                ("device", record.efa.id.as_str()),
-                ("ibdev", record.efa.ibdev.as_str()),
-            ];
-            ConstGauge::new(i64::from(record.is_healthy())).encode(each.encode_family(&labels)?)?;
-        }
+        let each = inventory.devices().map(|record| {
+            let labels = [record.efa.id.as_str(), record.efa.ibdev.as_str()];
+            (labels, gauge(i64::from(record.is_healthy())))
+        });
+        families::DEVICE_HEALTHY.encode(&mut encoder, each)?;
         // The condition /readyz reports: without a stream the kubelet cannot see the devices.
-        ConstGauge::new(i64::from(status.registered && status.open_streams > 0))
-        .encode(encoder.encode_descriptor(
-            "efa_device_plugin_registered",
-            "1 while registered with the kubelet with a ListAndWatch stream open (what /readyz reports)",
-            None,
-            MetricType::Gauge,
-        )?)?;
+        let registered = status.registered && status.open_streams > 0;
+        families::REGISTERED.encode(&mut encoder, [([], gauge(i64::from(registered)))])?;
         let counters = [
-            (
-                "efa_device_plugin_registrations",
-                "Successful registrations with the kubelet",
-                status.registrations,
-            ),
-            (
-                "efa_device_plugin_kubelet_restarts",
-                "Kubelet restarts seen (a new kubelet.sock after a registration)",
-                status.kubelet_restarts,
-            ),
+            (&families::REGISTRATIONS, status.registrations),
+            (&families::KUBELET_RESTARTS, status.kubelet_restarts),
         ];
-        for (name, help, value) in counters {
-            ConstCounter::new(value).encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                MetricType::Counter,
-            )?)?;
+        for (family, value) in counters {
+            family.encode(&mut encoder, [([], ConstCounter::new(value))])?;
         }
-        let mut errors = encoder.encode_descriptor(
-            "efa_device_plugin_scan_errors",
-            "sysfs scan errors, by reason: an errno name when the RDMA class directory cannot be \
-             listed, deadline, entry (an EFA entry unreadable) or numa_node",
-            None,
-            MetricType::Counter,
-        )?;
-        for (reason, count) in self.scans.errors() {
-            ConstCounter::new(count)
-                .encode(errors.encode_family(&[("reason", reason.as_str())])?)?;
-        }
-        let mut build = encoder.encode_descriptor(
-            "efa_device_plugin_build_info",
-            "Always 1; the labels describe the running build",
-            None,
-            MetricType::Gauge,
-        )?;
-        ConstGauge::new(1i64)
-            .encode(build.encode_family(&[("version", env!("CARGO_PKG_VERSION"))])?)?;
-        let mut conflict = encoder.encode_descriptor(
-            "efa_device_plugin_dra_conflict",
-            "1 while an EFA DRA driver is registered on the node and every device is withheld; \
-             driver names it",
-            None,
-            MetricType::Gauge,
-        )?;
+        let errors = self.scans.errors();
+        let errors = errors
+            .iter()
+            .map(|(reason, count)| ([reason.as_str()], ConstCounter::new(*count)));
+        families::SCAN_ERRORS.encode(&mut encoder, errors)?;
+        let version = [env!("CARGO_PKG_VERSION")];
+        families::BUILD_INFO.encode(&mut encoder, [(version, gauge(1))])?;
+        let conflict = &families::DRA_CONFLICT;
         match inventory.conflicting_driver() {
-            Some(driver) => {
-                ConstGauge::new(1i64).encode(conflict.encode_family(&[("driver", driver)])?)?
-            }
-            None => ConstGauge::new(0i64).encode(conflict)?,
+            Some(driver) => conflict.encode(&mut encoder, [([driver], gauge(1))])?,
+            None => conflict.encode(&mut encoder, [([], gauge(0))])?,
         }
-        let (foreign, unseen_by_dra, stale, double_booked) = {
-            let holdings = self.holdings.borrow();
-            (
-                holdings.foreign_ids(),
-                holdings.unseen_by_dra(&inventory),
-                holdings.stale,
-                holdings.double_booked.len(),
-            )
-        };
+        let count = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let holdings = self.holdings.borrow().clone();
         let gauges = [
             (
-                "efa_device_plugin_competing_plugin",
-                "1 while another device plugin for this resource serves its socket in the \
-                 device-plugin dir; the plugin then does not take the resource back from it",
+                &families::COMPETING_PLUGIN,
                 i64::from(status.competitor.is_some()),
             ),
             (
-                "efa_device_plugin_foreign_allocations",
-                "IDs that pods hold under this resource but this plugin does not advertise \
-                 (from another plugin, ID strategy or sharing count); the kubelet counts their \
-                 EFAs as free",
-                i64::try_from(foreign).unwrap_or(i64::MAX),
+                &families::FOREIGN_ALLOCATIONS,
+                count(holdings.foreign_ids()),
             ),
             (
-                "efa_device_plugin_dra_conflict_held_devices",
-                "EFAs that pods hold through this plugin while an EFA DRA driver is registered \
-                 on the node; the DRA driver cannot see them and may allocate them again, so \
-                 drain their pods before DRA serves the node",
-                i64::try_from(unseen_by_dra).unwrap_or(i64::MAX),
+                &families::DRA_CONFLICT_HELD_DEVICES,
+                count(holdings.unseen_by_dra(&inventory)),
+            ),
+            (&families::POD_RESOURCES_STALE, i64::from(holdings.stale)),
+            (
+                &families::DOUBLE_BOOKED_DEVICES,
+                count(holdings.double_booked.len()),
             ),
             (
-                "efa_device_plugin_pod_resources_stale",
-                "1 while the kubelet's PodResources API fails and the pod view (allocations, \
-                 foreign IDs) is its last good answer, kept for at most 5 minutes",
-                i64::from(stale),
-            ),
-            (
-                "efa_device_plugin_double_booked_devices",
-                "Devices (EFAs, or replicas under sharing) that the kubelet's PodResources lists \
-                 in two or more pods at once, in two answers in a row: the kubelet gave one ID \
-                 out twice (kubernetes PR #137534, every kubelet up to 1.37)",
-                i64::try_from(double_booked).unwrap_or(i64::MAX),
-            ),
-            (
-                "efa_device_plugin_rdma_netns_exclusive",
-                "1 while the RDMA subsystem is in exclusive network-namespace mode, which hides \
-                 the EFAs from pods without the host network",
+                &families::RDMA_NETNS_EXCLUSIVE,
                 i64::from(inventory.netns_exclusive()),
             ),
         ];
-        for (name, help, value) in gauges {
-            ConstGauge::new(value).encode(encoder.encode_descriptor(
-                name,
-                help,
-                None,
-                MetricType::Gauge,
-            )?)?;
+        for (family, value) in gauges {
+            family.encode(&mut encoder, [([], gauge(value))])?;
         }
         Ok(())
     }

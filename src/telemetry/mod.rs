@@ -3,6 +3,7 @@
 //! Logging is text or one JSON object per line, and quiet while nothing changes.
 
 pub mod counters;
+pub mod families;
 pub mod fds;
 pub mod http;
 pub mod metrics;

@@ -4,6 +4,8 @@
 // Each test crate uses a different part of the harness.
 #![allow(dead_code)]
 
+pub(crate) mod readme_table;
+
 use std::fs::File;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
