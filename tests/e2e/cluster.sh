@@ -85,11 +85,12 @@ start_daemon() {
 # task is gone (a pod sandbox's, say) has no pid file left to find it by, so
 # shims are also found by the containerd address they were started with.
 stop_daemon() {
-	local name=$1 home
+	local name=$1 node home
 	[[ -n ${PIDS[$name]:-} ]] || return 0
 	if [[ $name == containerd-* ]]; then
-		home=$(node_home "${name#containerd-}")
-		kill_containerd "$home/containerd/containerd.sock" "$home/containerd/state" "${PIDS[$name]}"
+		node=${name#containerd-}
+		home=$(node_home "$node")
+		kill_containerd "$home/containerd/state" "${PIDS[$name]}" ctr_on "$node"
 		pkill -KILL -f -- "-address $home/containerd/containerd.sock( |$)"
 	else
 		stop_pid "${PIDS[$name]}" 30
