@@ -134,8 +134,7 @@ soak_event() {
 	log=$T/logs/kubelet-$node.log
 	case $kind in
 	rollout)
-		helm upgrade "$OURS_RELEASE" "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" \
-			"${SOAK_CHART[@]}" --set-string "additionalPodAnnotations.soak=$SOAK_CYCLE" >/dev/null &&
+		ours_helm upgrade "${SOAK_CHART[@]}" --set-string "additionalPodAnnotations.soak=$SOAK_CYCLE" >/dev/null &&
 			kns rollout status "daemonset/$DS" --timeout="${SOAK_RECOVERY}s" >/dev/null
 		;;
 	kill)
