@@ -172,12 +172,12 @@ pods_placed() {
 pods_placed_summary() { k get pods -o wide --no-headers 2>&1 | awk '$1 ~ /^four-/ { print $1, $3, $7 }' | paste -sd'|'; }
 
 case_fleet_isolation() {
-	local before after restarts pod a_pod
+	local before after restarts pod a_pod samples
 	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
 	start_pod held-b 2 "$FLEET_B" || return 1
 	pod=$(ready_plugin_pod "$FLEET_B")
 	before="$(metric "$pod" efa_device_plugin_registrations_total) $(allocatable "$FLEET_B") $(pod_field held-b '{.status.containerStatuses[0].restartCount}')"
-	start_daemon isolation-watch watch_allocatable "$FLEET_B" "$T/isolation-allocatable"
+	start_daemon isolation-watch watch_fleet "$T/isolation"
 	# efa-a's kubelet restarts; the plugin registers again there.
 	stop_daemon "kubelet-$NODE"
 	start_node_kubelet "$NODE" || { REASON="$NODE not Ready after its kubelet restarted"; return 1; }
@@ -194,22 +194,13 @@ case_fleet_isolation() {
 		REASON="on $FLEET_B, registrations, allocatable and the holder's restarts went from [$before] to [$after]"
 		return 1
 	fi
-	if grep -qv "^${NODE_EFAS[$FLEET_B]}$" "$T/isolation-allocatable"; then
-		REASON="$FLEET_B's allocatable changed meanwhile: $(sort -u "$T/isolation-allocatable" | paste -sd' ')"
+	if ! samples=$(python3 "$HERE/lib/fleet_watch.py" steady "$T/isolation" "$FLEET_B=${NODE_EFAS[$FLEET_B]}"); then
+		REASON="$FLEET_B's allocatable changed meanwhile: $samples"
 		return 1
 	fi
 	check_devices held-b 2 "$FLEET_B" || return 1
-	CASE_DETAIL="$FLEET_B unchanged (registrations, allocatable, holder restarts: $after) over $(wc -l <"$T/isolation-allocatable") samples"
+	CASE_DETAIL="$FLEET_B unchanged (registrations, allocatable, holder restarts: $after) over $samples samples"
 	k delete pod held-b --wait >/dev/null
-}
-
-# watch_allocatable NODE FILE: NODE's allocatable once a second into FILE, until stopped.
-watch_allocatable() {
-	while :; do
-		allocatable "$1" >>"$2"
-		echo >>"$2"
-		sleep 1
-	done
 }
 
 plugin_restarted() { [[ $(pod_field "$1" '{.status.containerStatuses[0].restartCount}' "$NS") -ge 1 ]]; }
@@ -309,24 +300,11 @@ case_fleet_labelled() {
 }
 
 # watch_fleet FILE: about once a second (one API call and half a second's
-# sleep), "TIME NODE READY ALLOCATABLE" for each
-# node of the fleet into FILE, READY 1 when a plugin pod on NODE is Ready and
-# not terminating, until stopped.
+# sleep), a sample of every node of the fleet into FILE (lib/fleet_watch.py
+# says what it holds), until stopped.
 watch_fleet() {
 	while :; do
-		kns get nodes,pods -o json 2>/dev/null | python3 -c '
-import json, sys, time
-items = json.load(sys.stdin)["items"]
-pods = [i for i in items if i["kind"] == "Pod" and i["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "efa-device-plugin"]
-nodes = [i for i in items if i["kind"] == "Node"]
-ready = {p["spec"].get("nodeName") for p in pods
-         if not p["metadata"].get("deletionTimestamp")
-         and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))}
-now = time.time()
-for n in nodes:
-    name = n["metadata"]["name"]
-    alloc = n["status"].get("allocatable", {}).get(sys.argv[1], "-")
-    print(f"{now:.1f} {name} {int(name in ready)} {alloc}")' "$RESOURCE" >>"$1"
+		kns get nodes,pods -o json 2>/dev/null | python3 "$HERE/lib/fleet_watch.py" sample "$RESOURCE" >>"$1"
 		sleep 0.5
 	done
 }
