@@ -209,18 +209,8 @@ case_fleet_drain() {
 	local pod
 	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
 	# The Deployment's pod is pinned to efa-a by a preference only, which a drain overrides.
-	k apply -f - >/dev/null <<-EOF || { REASON="Deployment trainer not accepted"; return 1; }
-		{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "trainer", "namespace": "default"},
-		 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "trainer"}},
-		  "template": {"metadata": {"labels": {"app": "trainer"}}, "spec": {
-		   "terminationGracePeriodSeconds": 1,
-		   "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-		     {"weight": 100, "preference": {"matchExpressions": [
-		       {"key": "kubernetes.io/hostname", "operator": "In", "values": ["$NODE"]}]}}]}},
-		   "containers": [{"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-		     "command": ["sh", "-c", "ls -l /dev/infiniband; echo FI_PROVIDER=\${FI_PROVIDER:-unset}; sleep 100000"],
-		     "resources": {"limits": {"$RESOURCE": 2}}}]}}}}
-	EOF
+	workload_json trainer deployment 2 --prefer "$NODE" | k apply -f - >/dev/null ||
+		{ REASON="Deployment trainer not accepted"; return 1; }
 	wait_until 60 trainer_running_on "$NODE" || { REASON="trainer not Running on $NODE: $(trainer_summary)"; return 1; }
 	check_devices "$(trainer_pod)" 2 "$NODE" || return 1
 	if ! k drain "$NODE" --ignore-daemonsets --delete-emptydir-data --timeout=90s >"$T/logs/drain.log" 2>&1; then
@@ -467,30 +457,13 @@ case_fleet_late_join() {
 	note "F5 join medians: ours [$ours], aws [$aws]"
 }
 
-# The reboot case's container: it holds 2 EFAs until deleted.
-REBOOT_CONTAINER="{\"name\": \"probe\", \"image\": \"localhost/busybox:1\", \"imagePullPolicy\": \"Never\",
-  \"command\": [\"sleep\", \"100000\"], \"resources\": {\"limits\": {\"$RESOURCE\": 2}}}"
-
-# reboot_bare_pod NAME PLACEMENT: a bare pod that always restarts, placed on
-# efa-a by PLACEMENT (a pod-spec field).
-reboot_bare_pod() {
-	k apply -f - >/dev/null <<-EOF
-		{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$1", "namespace": "default"},
-		 "spec": {$2, "restartPolicy": "Always", "terminationGracePeriodSeconds": 1, "containers": [$REBOOT_CONTAINER]}}
-	EOF
-}
+# reboot_pod NAME KIND PLACEMENT...: a bare pod that always restarts
+# (KIND=pod) or a Deployment's pod, holding 2 EFAs, placed on efa-a by
+# PLACEMENT (workload_json's --node or --bind).
+reboot_pod() { workload_json "$1" "$2" 2 --restart Always "${@:3}" | k apply -f - >/dev/null; }
 
 # reboot_pods: on efa-a, a bare pod and a Deployment's pod, each holding 2 EFAs.
-reboot_pods() {
-	local pin="\"nodeSelector\": {\"kubernetes.io/hostname\": \"$NODE\"}"
-	reboot_bare_pod rb-bare "$pin" || return 1
-	k apply -f - >/dev/null <<-EOF || return 1
-		{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "rb-deploy", "namespace": "default"},
-		 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "rb-deploy"}},
-		  "template": {"metadata": {"labels": {"app": "rb-deploy"}}, "spec": {$pin,
-		   "terminationGracePeriodSeconds": 1, "containers": [$REBOOT_CONTAINER]}}}}
-	EOF
-}
+reboot_pods() { reboot_pod rb-bare pod --node "$NODE" && reboot_pod rb-deploy deployment --node "$NODE"; }
 
 # pods_outcome: each pod of the default namespace: name, phase, reason and restarts.
 pods_outcome() {
@@ -555,7 +528,7 @@ case_fleet_reboot() {
 	stop_node "$NODE"
 	# A pod bound to efa-a while it is down, as one bound before a reboot and not yet started:
 	# the kubelet admits it at start, with or without the plugin.
-	reboot_bare_pod rb-new "\"nodeName\": \"$NODE\"" || { REASON="pod rb-new not accepted"; return 1; }
+	reboot_pod rb-new pod --bind "$NODE" || { REASON="pod rb-new not accepted"; return 1; }
 	mark=$(wc -l <"$log")
 	start_node "$NODE" || return 1
 	# The API shows the old plugin pod Ready until the kubelet says otherwise: the kubelet's log tells.

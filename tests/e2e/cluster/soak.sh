@@ -108,20 +108,7 @@ print(sum(1 for p in json.load(sys.stdin)["items"]
 soak_workload() {
 	local name=$1 kind=$2 count=$3 life=$4 sleep=100000
 	[[ $kind == job ]] && sleep=$life
-	local spec="{\"restartPolicy\": \"Never\", \"terminationGracePeriodSeconds\": 1,
-	  \"containers\": [{\"name\": \"work\", \"image\": \"localhost/busybox:1\", \"imagePullPolicy\": \"Never\",
-	    \"command\": [\"sleep\", \"$sleep\"], \"resources\": {\"limits\": {\"$RESOURCE\": $count}}}]}"
-	if [[ $kind == job ]]; then
-		k apply -f - >/dev/null <<-EOF
-			{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "$name", "namespace": "default", "labels": {"soak": "1"}},
-			 "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"soak": "1"}}, "spec": $spec}}}
-		EOF
-	else
-		k apply -f - >/dev/null <<-EOF
-			{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$name", "namespace": "default", "labels": {"soak": "1"}},
-			 "spec": $spec}
-		EOF
-	fi
+	workload_json "$name" "$kind" "$count" --sleep "$sleep" --label soak=1 | k apply -f - >/dev/null
 }
 
 # ---------------------------------------------------------------- events
@@ -367,22 +354,16 @@ BURST_POLL=5
 # BURST_QUEUE more are asked for, until BURST_PODS are made (BURST_MADE).
 BURST_MADE=0
 burst_top_up() {
-	local want=$((FLEET_EFAS + BURST_QUEUE - $1)) items=() life
+	local want=$((FLEET_EFAS + BURST_QUEUE - $1)) pods=() life
 	while ((want-- > 0 && BURST_MADE < BURST_PODS)); do
 		BURST_MADE=$((BURST_MADE + 1))
 		soak_rand $((BURST_LIFE_MAX - BURST_LIFE_MIN + 1))
 		life=$((BURST_LIFE_MIN + RAND))
-		items+=("{\"apiVersion\": \"v1\", \"kind\": \"Pod\",
-		  \"metadata\": {\"name\": \"burst-$BURST_MADE\", \"namespace\": \"default\", \"labels\": {\"burst\": \"1\"}},
-		  \"spec\": {\"restartPolicy\": \"Never\", \"terminationGracePeriodSeconds\": 1, \"containers\": [{\"name\": \"work\",
-		    \"image\": \"localhost/busybox:1\", \"imagePullPolicy\": \"Never\", \"command\": [\"sleep\", \"$life\"],
-		    \"resources\": {\"limits\": {\"$RESOURCE\": 1}}}]}}")
+		pods+=("burst-$BURST_MADE pod 1 --sleep $life --label burst=1")
 	done
-	((${#items[@]})) || return 0
-	(
-		IFS=,
-		echo "{\"apiVersion\": \"v1\", \"kind\": \"List\", \"items\": [${items[*]}]}"
-	) | k apply -f - >/dev/null || soak_violation "burst pods up to burst-$BURST_MADE not accepted"
+	((${#pods[@]})) || return 0
+	printf '%s\n' "${pods[@]}" | workload_json --each | k apply -f - >/dev/null ||
+		soak_violation "burst pods up to burst-$BURST_MADE not accepted"
 }
 
 # burst_pods: "name phase node" of every burst pod.

@@ -72,35 +72,16 @@ allocated_ids() {
 		paste -sd' '
 }
 
+# workload_json NAME KIND COUNT [OPTION...]: a Pod, Job or Deployment asking
+# for COUNT EFAs, as lib/workload.py builds every workload of the cases
+# (workload_json --each: many, from argument lines on stdin).
+workload_json() { python3 "$HERE/lib/workload.py" --resource "$RESOURCE" "$@"; }
+
 # workload NAME KIND COUNT [NODE]: a Job (KIND=job) or a long-running Pod
 # (KIND=pod) whose container lists /dev/infiniband and prints FI_PROVIDER,
 # then waits: the Job long enough for its allocation to be read, the Pod until
 # deleted. With NODE, it may run on NODE only.
-workload() {
-	local name=$1 kind=$2 count=$3 wait=5 pin=
-	[[ $kind == pod ]] && wait=100000
-	[[ -n ${4:-} ]] && pin="\"nodeSelector\": {\"kubernetes.io/hostname\": \"$4\"},"
-	local container
-	container=$(
-		cat <<-EOF
-			{"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-			 "command": ["sh", "-c", "ls -l /dev/infiniband; echo FI_PROVIDER=\${FI_PROVIDER:-unset}; sleep $wait"],
-			 "resources": {"limits": {"$RESOURCE": $count}}}
-		EOF
-	)
-	if [[ $kind == job ]]; then
-		k apply -f - <<-EOF
-			{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "$name", "namespace": "default"},
-			 "spec": {"backoffLimit": 0, "template": {"spec": {
-			   $pin "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}}}
-		EOF
-	else
-		k apply -f - <<-EOF
-			{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$name", "namespace": "default"},
-			 "spec": {$pin "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}
-		EOF
-	fi
-}
+workload() { workload_json "$1" "$2" "$3" ${4:+--node "$4"} | k apply -f -; }
 
 job_pod() { k get pods -l "job-name=$1" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
 
