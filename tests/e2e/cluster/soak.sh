@@ -278,7 +278,7 @@ soak_plan() {
 }
 
 case_soak() {
-	local kind node start ms events=0 line
+	local kind node start ms events=0
 	SOAK_REPORT=$T/logs/soak-report.txt
 	podresources_tool || return 1
 	fleet_chart "${SOAK_CHART[@]}" && fleet_serving "${FLEET[@]}" || return 1
@@ -307,10 +307,15 @@ case_soak() {
 	done
 	soak_report "$events"
 	k delete pods,jobs -l soak=1 --wait=false >/dev/null 2>&1
-	line=$(tail -1 "$SOAK_REPORT")
-	CASE_DETAIL="$line (report: logs/soak-report.txt)"
+	soak_verdict "$(tail -1 "$SOAK_REPORT")"
+}
+
+# soak_verdict LINE: the case's line, LINE and the report's name; a failure
+# naming the first three violations if there were any.
+soak_verdict() {
+	CASE_DETAIL="$1 (report: logs/${SOAK_REPORT##*/})"
 	((SOAK_VIOLATIONS == 0)) && return 0
-	REASON="$line: $(grep -m3 '^VIOLATION' "$SOAK_REPORT" | paste -sd'|')"
+	REASON="$1: $(grep -m3 '^VIOLATION' "$SOAK_REPORT" | paste -sd'|')"
 	return 1
 }
 
@@ -442,10 +447,7 @@ case_burst() {
 	done <<<"$pairs"
 	line="burst: $BURST_PODS pods, $(tail -1 <<<"$pairs"), $SOAK_VIOLATIONS violations"
 	soak_note "$line"
-	CASE_DETAIL="$line (report: logs/burst-report.txt)"
-	((SOAK_VIOLATIONS == 0)) && return 0
-	REASON="$line: $(grep -m3 '^VIOLATION' "$SOAK_REPORT" | paste -sd'|')"
-	return 1
+	soak_verdict "$line"
 }
 
 soak_cases() {
