@@ -167,18 +167,20 @@ move_aside() {
 # kill_containerd STATE_DIR PID CTR...: kills every task in the k8s.io
 # namespace, then containerd, then the shims that outlive it. CTR... is the
 # suite's ctr for that containerd (ctr_k8s, ctr_on NODE), which knows its
-# address and the build of ctr that matches it.
+# address and the build of ctr that matches it. Every step is best effort
+# (a task may end between the listing and the kill), so ctr's complaints, and
+# containerd 2's cgroup v1 notice on each call, stay out of the suite's output.
 kill_containerd() {
 	local state=$1 pid=$2 id pidfile shim
 	shift 2
 	for id in $("$@" tasks ls -q 2>/dev/null); do
-		"$@" tasks kill -s SIGKILL "$id"
+		"$@" tasks kill -s SIGKILL "$id" 2>/dev/null
 	done
 	for id in $("$@" tasks ls -q 2>/dev/null); do
-		"$@" tasks delete -f "$id"
+		"$@" tasks delete -f "$id" 2>/dev/null
 	done
 	for id in $("$@" containers ls -q 2>/dev/null); do
-		"$@" containers delete "$id"
+		"$@" containers delete "$id" 2>/dev/null
 	done
 	stop_pid "$pid" 15
 	# Shims' PIDs are in each task's bundle dir.
