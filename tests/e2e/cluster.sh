@@ -85,11 +85,12 @@ start_daemon() {
 # task is gone (a pod sandbox's, say) has no pid file left to find it by, so
 # shims are also found by the containerd address they were started with.
 stop_daemon() {
-	local name=$1 home
+	local name=$1 node home
 	[[ -n ${PIDS[$name]:-} ]] || return 0
 	if [[ $name == containerd-* ]]; then
-		home=$(node_home "${name#containerd-}")
-		kill_containerd "$home/containerd/containerd.sock" "$home/containerd/state" "${PIDS[$name]}"
+		node=${name#containerd-}
+		home=$(node_home "$node")
+		kill_containerd "$home/containerd/state" "${PIDS[$name]}" ctr_on "$node"
 		pkill -KILL -f -- "-address $home/containerd/containerd.sock( |$)"
 	else
 		stop_pid "${PIDS[$name]}" 30
@@ -313,7 +314,7 @@ cluster_cases() {
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
 	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
 	run_case "(11) CDI mode: with the plugin gone, a holder's killed container restarts with its EFA" case_cdi_spec_outlives_the_plugin
-	run_case "(12) Migration, documented order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs" case_migration_readme
+	run_case "(12) Migration, documented order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs" case_migration_documented
 	run_case "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
 	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
 	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch

@@ -114,9 +114,11 @@ ensure_plugin() {
 
 alive_pid() { [[ -n $1 ]] && alive "$1"; }
 
-# ensure_holder: the pod "holder" runs with 2 EFAs, written if it is not
-# there. It is the running pod the restart cases expect to keep its devices.
-ensure_holder() {
+# ensure_static_holder: the static pod "holder" runs with 2 EFAs, its
+# manifest written if it is not there. It is the running pod the restart
+# cases expect to keep its devices; the cluster suite's ensure_holder
+# (lib/cluster.sh) is its counterpart through the API.
+ensure_static_holder() {
 	ensure_plugin || return 1
 	pod_phase_is holder Running && return 0
 	write_pod holder 2
@@ -149,7 +151,7 @@ case_over_ask_rejected() {
 
 case_kubelet_restart() {
 	# The holder keeps running across the restart, and leaves room for 2.
-	ensure_holder && remove_pods holder || return 1
+	ensure_static_holder && remove_pods holder || return 1
 	stop_pid "$KUBELET_PID" 30
 	if ! start_kubelet; then
 		REASON="kubelet not healthy within 60s after restart: $(tail -3 "$(kubelet_log)" | paste -sd'|')"
@@ -168,7 +170,7 @@ case_kubelet_restart() {
 case_plugin_restart() {
 	local ids_before holder_ids status restarted listing registrations_before
 	local -a holder_devices
-	ensure_holder && remove_pods holder || return 1
+	ensure_static_holder && remove_pods holder || return 1
 	ids_before=$(registered_ids)
 	read -ra holder_devices <<<"$(allocated_ids "$(pod_status holder | cut -f3)")"
 	holder_ids=$(expected_entries "${holder_devices[@]}")

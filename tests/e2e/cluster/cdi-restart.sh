@@ -12,15 +12,9 @@
 # A marker that names the holder's process on the host.
 CDI_HOLDER_SLEEP=100017
 
-cdi_holder() {
-	k apply -f - <<-EOF
-		{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cdi-holder", "namespace": "default"},
-		 "spec": {"restartPolicy": "Always", "terminationGracePeriodSeconds": 1, "containers": [
-		   {"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-		    "command": ["sh", "-c", "ls -l /dev/infiniband; echo FI_PROVIDER=\${FI_PROVIDER:-unset}; exec sleep $CDI_HOLDER_SLEEP"],
-		    "resources": {"limits": {"$RESOURCE": 1}}}]}}
-	EOF
-}
+# cdi_holder: a pod that always restarts, holding 1 EFA; its container's
+# process is "sleep $CDI_HOLDER_SLEEP".
+cdi_holder() { workload_json cdi-holder pod 1 --restart Always --sleep "$CDI_HOLDER_SLEEP" | k apply -f -; }
 
 cdi_holder_restarted() {
 	[[ $(pod_field cdi-holder '{.status.containerStatuses[0].restartCount}') -ge 1 ]] &&

@@ -5,8 +5,8 @@
 # efa.networking.k8s.aws maps vpc.amazonaws.com/efa to DRA, and the plugin's
 # DRA guard (allocatable 0 while dra.net is registered) lets the scheduler
 # delegate the resource on that node. The DRA driver is tests/e2e/dra-standin,
-# registered as DRANET is. Sourced by cluster.sh; it uses lib/cluster.sh's
-# helpers and migration.sh's (ours_install, ours_rolled_out, start_pod, metric).
+# registered as DRANET is. Sourced by cluster.sh; the helpers are
+# lib/cluster.sh's.
 #
 # Each case starts from a node with no plugin, no DRA driver, no DeviceClass,
 # no pod in the default namespace and the node schedulable, and leaves it so.
@@ -14,8 +14,6 @@
 DRA_IMAGE=localhost/dra-standin:e2e
 DRA_SOCKET=/var/lib/kubelet/plugins_registry/dra.net-reg.sock
 DRA_STANDIN=
-# The label nodeScope.mode=labelled keeps the plugin to.
-SCOPE_LABEL=efa-device-plugin/enabled
 # The first pod (through the plugin), the pods after it, and a second DRA pod.
 P1=dra-p1
 P2=dra-p2

@@ -8,7 +8,7 @@
 # one node at a time, a drain.
 #
 # Sourced by cluster.sh; besides lib/cluster.sh's helpers it uses
-# migration.sh's releases and stand-in and dra.sh's SCOPE_LABEL. The fleet
+# migration.sh's stand-in. The fleet
 # comes up with the first fleet case that runs and stays up to the end of the
 # run, so the single-node cases, which run before, see efa-a alone. Each case
 # pins its pods to the nodes it is about.
@@ -34,12 +34,6 @@ make_node_fixtures() {
 	esac
 }
 
-# node_sysfs NODE: the tree NODE's plugin reads as its sysfs.
-node_sysfs() { node_host_path "$1" "$FIXTURES/sys"; }
-
-# node_dp_dir NODE: NODE's device-plugin dir, read from the host.
-node_dp_dir() { node_host_path "$1" "$DP_DIR"; }
-
 # ensure_fleet: efa-b and plain up and Ready, started once per run.
 ensure_fleet() {
 	local node
@@ -59,9 +53,7 @@ fleet_chart() {
 	ensure_fleet || return 1
 	uninstall_plugin || return 1
 	k delete pods,deployments,jobs --all -n default --wait >/dev/null 2>&1
-	helm install "$OURS_RELEASE" "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "$@" >/dev/null && return 0
-	REASON="helm install $* failed"
-	return 1
+	ours_install "$@"
 }
 
 # fleet_serving NODE...: each NODE with a Ready plugin pod and its count allocatable.
@@ -93,55 +85,6 @@ allocatable_settled() {
 	got=$(allocatable "$1")
 	((${NODE_EFAS[$1]} == 0)) && [[ $got == "" || $got == 0 ]] && return 0
 	[[ $got == "${NODE_EFAS[$1]}" ]]
-}
-
-# node_of POD [NAMESPACE]: the node POD is bound to.
-node_of() { pod_field "$1" '{.spec.nodeName}' "${2:-default}"; }
-
-# check_devices_on NODE POD COUNT: the pod runs on NODE and its container saw
-# exactly the uverbs nodes of the COUNT EFAs NODE's kubelet gave it, as NODE's
-# sysfs tree pairs them; sets POD_IDS.
-check_devices_on() {
-	local node=$1 pod=$2 count=$3 uid got want id sys=
-	local -a ids
-	if [[ $(node_of "$pod") != "$node" ]]; then
-		REASON="pod $pod runs on '$(node_of "$pod")', want $node"
-		return 1
-	fi
-	sys=$(node_sysfs "$node")
-	uid=$(pod_field "$pod" '{.metadata.uid}')
-	read -ra ids <<<"$(python3 "$HERE/lib/kubeinfo.py" allocated "$(node_dp_dir "$node")/kubelet_internal_checkpoint" "$uid" "$RESOURCE" 2>/dev/null | paste -sd' ')"
-	if ((${#ids[@]} != count)); then
-		REASON="$node's checkpoint gives pod $pod ${#ids[@]} devices [${ids[*]}], want $count"
-		return 1
-	fi
-	wait_until 20 has_listing "$pod"
-	got=$(k logs "$pod" | listing_entries)
-	want=$(for id in "${ids[@]}"; do uverbs_entry "$sys" "$id"; done | sort)
-	if [[ $got != "$want" ]]; then
-		REASON="pod $pod on $node sees [$(paste -sd';' <<<"$got")] in /dev/infiniband, want [$(paste -sd';' <<<"$want")]"
-		return 1
-	fi
-	POD_IDS=("${ids[@]}")
-}
-
-# uverbs_entry SYSFS IBDEV: the listing_entries line of IBDEV's uverbs node,
-# from the tree as the kernel pairs them.
-uverbs_entry() {
-	local verbs dev
-	verbs=$(basename "$(echo "$1/class/infiniband/$2/device/infiniband_verbs/"*)")
-	dev=$(cat "$1/class/infiniband_verbs/$verbs/dev")
-	echo "c ${dev%%:*} ${dev##*:} $verbs"
-}
-
-# fleet_pod NAME COUNT [NODE]: a long-running pod asking for COUNT EFAs
-# (pinned to NODE if given), Running within 60s.
-fleet_pod() {
-	k delete pod "$1" --ignore-not-found --wait >/dev/null 2>&1
-	workload "$1" pod "$2" "${3:-}" >/dev/null || { REASON="pod $1 not accepted"; return 1; }
-	wait_until 60 pod_phase_is "$1" Running && return 0
-	REASON="pod $1 not Running within 60s: $(pod_events "$1")"
-	return 1
 }
 
 # plugin_ids NODE: the IDs `list` prints in NODE's plugin pod, sorted, on one line.
@@ -176,8 +119,8 @@ case_fleet_placement() {
 	local -A on=()
 	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
 	# More than efa-a has: the scheduler can only pick efa-b.
-	fleet_pod big 5 || return 1
-	check_devices_on "$FLEET_B" big 5 || return 1
+	start_pod big 5 || return 1
+	check_devices big 5 "$FLEET_B" || return 1
 	k delete pod big --wait >/dev/null
 	# More than any node has, less than the fleet has.
 	n=$((NODE_EFAS[$FLEET_B] + 1))
@@ -196,7 +139,7 @@ case_fleet_placement() {
 		node=$(node_of "four-$i")
 		[[ -n $node ]] && on[$node]=$((${on[$node]:-0} + 1))
 		if [[ -n $node ]] && pod_phase_is "four-$i" Running; then
-			check_devices_on "$node" "four-$i" 4 || return 1
+			check_devices "four-$i" 4 "$node" || return 1
 		fi
 	done
 	if [[ ${on[$NODE]:-0} != 1 || ${on[$FLEET_B]:-0} != 4 || -n ${on[$FLEET_PLAIN]:-} ]]; then
@@ -229,12 +172,12 @@ pods_placed() {
 pods_placed_summary() { k get pods -o wide --no-headers 2>&1 | awk '$1 ~ /^four-/ { print $1, $3, $7 }' | paste -sd'|'; }
 
 case_fleet_isolation() {
-	local before after restarts pod a_pod
+	local before after restarts pod a_pod samples
 	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
-	fleet_pod held-b 2 "$FLEET_B" && check_devices_on "$FLEET_B" held-b 2 || return 1
+	start_pod held-b 2 "$FLEET_B" || return 1
 	pod=$(ready_plugin_pod "$FLEET_B")
 	before="$(metric "$pod" efa_device_plugin_registrations_total) $(allocatable "$FLEET_B") $(pod_field held-b '{.status.containerStatuses[0].restartCount}')"
-	start_daemon isolation-watch watch_allocatable "$FLEET_B" "$T/isolation-allocatable"
+	start_daemon isolation-watch watch_fleet "$T/isolation"
 	# efa-a's kubelet restarts; the plugin registers again there.
 	stop_daemon "kubelet-$NODE"
 	start_node_kubelet "$NODE" || { REASON="$NODE not Ready after its kubelet restarted"; return 1; }
@@ -251,22 +194,13 @@ case_fleet_isolation() {
 		REASON="on $FLEET_B, registrations, allocatable and the holder's restarts went from [$before] to [$after]"
 		return 1
 	fi
-	if grep -qv "^${NODE_EFAS[$FLEET_B]}$" "$T/isolation-allocatable"; then
-		REASON="$FLEET_B's allocatable changed meanwhile: $(sort -u "$T/isolation-allocatable" | paste -sd' ')"
+	if ! samples=$(python3 "$HERE/lib/fleet_watch.py" steady "$T/isolation" "$FLEET_B=${NODE_EFAS[$FLEET_B]}"); then
+		REASON="$FLEET_B's allocatable changed meanwhile: $samples"
 		return 1
 	fi
-	check_devices_on "$FLEET_B" held-b 2 || return 1
-	CASE_DETAIL="$FLEET_B unchanged (registrations, allocatable, holder restarts: $after) over $(wc -l <"$T/isolation-allocatable") samples"
+	check_devices held-b 2 "$FLEET_B" || return 1
+	CASE_DETAIL="$FLEET_B unchanged (registrations, allocatable, holder restarts: $after) over $samples samples"
 	k delete pod held-b --wait >/dev/null
-}
-
-# watch_allocatable NODE FILE: NODE's allocatable once a second into FILE, until stopped.
-watch_allocatable() {
-	while :; do
-		allocatable "$1" >>"$2"
-		echo >>"$2"
-		sleep 1
-	done
 }
 
 plugin_restarted() { [[ $(pod_field "$1" '{.status.containerStatuses[0].restartCount}' "$NS") -ge 1 ]]; }
@@ -275,20 +209,10 @@ case_fleet_drain() {
 	local pod
 	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
 	# The Deployment's pod is pinned to efa-a by a preference only, which a drain overrides.
-	k apply -f - >/dev/null <<-EOF || { REASON="Deployment trainer not accepted"; return 1; }
-		{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "trainer", "namespace": "default"},
-		 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "trainer"}},
-		  "template": {"metadata": {"labels": {"app": "trainer"}}, "spec": {
-		   "terminationGracePeriodSeconds": 1,
-		   "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
-		     {"weight": 100, "preference": {"matchExpressions": [
-		       {"key": "kubernetes.io/hostname", "operator": "In", "values": ["$NODE"]}]}}]}},
-		   "containers": [{"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-		     "command": ["sh", "-c", "ls -l /dev/infiniband; echo FI_PROVIDER=\${FI_PROVIDER:-unset}; sleep 100000"],
-		     "resources": {"limits": {"$RESOURCE": 2}}}]}}}}
-	EOF
+	workload_json trainer deployment 2 --prefer "$NODE" | k apply -f - >/dev/null ||
+		{ REASON="Deployment trainer not accepted"; return 1; }
 	wait_until 60 trainer_running_on "$NODE" || { REASON="trainer not Running on $NODE: $(trainer_summary)"; return 1; }
-	check_devices_on "$NODE" "$(trainer_pod)" 2 || return 1
+	check_devices "$(trainer_pod)" 2 "$NODE" || return 1
 	if ! k drain "$NODE" --ignore-daemonsets --delete-emptydir-data --timeout=90s >"$T/logs/drain.log" 2>&1; then
 		REASON="drain of $NODE failed: $(tail -2 "$T/logs/drain.log" | paste -sd'|')"
 		k uncordon "$NODE" >/dev/null
@@ -296,7 +220,7 @@ case_fleet_drain() {
 	fi
 	wait_until 60 trainer_running_on "$FLEET_B" || { REASON="trainer's replacement not Running on $FLEET_B: $(trainer_summary)"; k uncordon "$NODE" >/dev/null; return 1; }
 	pod=$(trainer_pod)
-	check_devices_on "$FLEET_B" "$pod" 2 || { k uncordon "$NODE" >/dev/null; return 1; }
+	check_devices "$pod" 2 "$FLEET_B" || { k uncordon "$NODE" >/dev/null; return 1; }
 	k uncordon "$NODE" >/dev/null
 	fleet_node_serves "$NODE" || return 1
 	CASE_DETAIL="replacement $pod on $FLEET_B with [${POD_IDS[*]}]; $NODE back to $(allocatable "$NODE") allocatable"
@@ -366,24 +290,11 @@ case_fleet_labelled() {
 }
 
 # watch_fleet FILE: about once a second (one API call and half a second's
-# sleep), "TIME NODE READY ALLOCATABLE" for each
-# node of the fleet into FILE, READY 1 when a plugin pod on NODE is Ready and
-# not terminating, until stopped.
+# sleep), a sample of every node of the fleet into FILE (lib/fleet_watch.py
+# says what it holds), until stopped.
 watch_fleet() {
 	while :; do
-		kns get nodes,pods -o json 2>/dev/null | python3 -c '
-import json, sys, time
-items = json.load(sys.stdin)["items"]
-pods = [i for i in items if i["kind"] == "Pod" and i["metadata"].get("labels", {}).get("app.kubernetes.io/name") == "efa-device-plugin"]
-nodes = [i for i in items if i["kind"] == "Node"]
-ready = {p["spec"].get("nodeName") for p in pods
-         if not p["metadata"].get("deletionTimestamp")
-         and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))}
-now = time.time()
-for n in nodes:
-    name = n["metadata"]["name"]
-    alloc = n["status"].get("allocatable", {}).get(sys.argv[1], "-")
-    print(f"{now:.1f} {name} {int(name in ready)} {alloc}")' "$RESOURCE" >>"$1"
+		kns get nodes,pods -o json 2>/dev/null | python3 "$HERE/lib/fleet_watch.py" sample "$RESOURCE" >>"$1"
 		sleep 0.5
 	done
 }
@@ -394,13 +305,12 @@ holder_listing() { k exec "$1" -- ls -l /dev/infiniband 2>/dev/null | listing_en
 case_fleet_rollout() {
 	local before_a before_b detail
 	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
-	fleet_pod hold-a 2 "$NODE" && fleet_pod hold-b 4 "$FLEET_B" || return 1
+	start_pod hold-a 2 "$NODE" && start_pod hold-b 4 "$FLEET_B" || return 1
 	before_a="$(pod_field hold-a '{.metadata.uid}') $(holder_listing hold-a | paste -sd';')"
 	before_b="$(pod_field hold-b '{.metadata.uid}') $(holder_listing hold-b | paste -sd';')"
 	start_daemon rollout-watch watch_fleet "$T/rollout"
 	sleep 2
-	helm upgrade "$OURS_RELEASE" "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" \
-		--set config.log-level=debug >/dev/null || { REASON="helm upgrade failed"; stop_daemon rollout-watch; return 1; }
+	ours_helm upgrade --set config.log-level=debug >/dev/null || { REASON="helm upgrade failed"; stop_daemon rollout-watch; return 1; }
 	if ! kns rollout status "daemonset/$DS" --timeout=300s >"$T/logs/rollout-status.log" 2>&1 || ! fleet_serving "${FLEET[@]}"; then
 		stop_daemon rollout-watch
 		REASON="the rollout did not complete within 300s: ${REASON:-$(tail -1 "$T/logs/rollout-status.log")}; last: $(tail -"${#FLEET[@]}" "$T/rollout" | paste -sd'|'); $(kns get pods -o wide --no-headers | paste -sd'|')"
@@ -452,7 +362,7 @@ for line in sys.stdin:
 case_fleet_metrics() {
 	local want got
 	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
-	fleet_pod hold-a 2 "$NODE" && fleet_pod hold-b 4 "$FLEET_B" || return 1
+	start_pod hold-a 2 "$NODE" && start_pod hold-b 4 "$FLEET_B" || return 1
 	ensure_prometheus || return 1
 	wait_until 60 fleet_targets_up || { REASON="Prometheus does not scrape every node's plugin: $(prom targets "$PROMETHEUS_URL" "$PROMETHEUS_JOB" 2>&1 | paste -sd'|')"; return 1; }
 	# Each plugin names its own node's holders only: the scraped pod's node is the holder's.
@@ -474,19 +384,6 @@ case_fleet_metrics() {
 }
 
 query_is() { [[ $(query_lines "$1" "${@:3}") == "$2" ]]; }
-
-# ready_pod_on NODE SELECTOR: the name of a Ready, not terminating pod in the
-# plugins' namespace on NODE matching the label SELECTOR; fails if none.
-ready_pod_on() {
-	local name
-	name=$(kns get pods -l "$2" --field-selector "spec.nodeName=$1" -o json 2>/dev/null | python3 -c '
-import json, sys
-pods = [p for p in json.load(sys.stdin)["items"]
-        if not p["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
-print(pods[0]["metadata"]["name"] if pods else "")')
-	[[ -n $name ]] && echo "$name"
-}
 
 allocatable_above_0() { [[ $(allocatable "$1") =~ ^[1-9] ]]; }
 
@@ -513,7 +410,7 @@ join_once() {
 join_measure() {
 	local node=$1 selector=$2 ready plugin alloc pod
 	ready=$EPOCHREALTIME
-	wait_until 120 ready_pod_on "$node" "$selector" >/dev/null || { REASON="no Ready plugin pod ($selector) on $node within 120s"; return 1; }
+	wait_until 120 has_ready_plugin_pod "$node" "$selector" || { REASON="no Ready plugin pod ($selector) on $node within 120s"; return 1; }
 	plugin=$(since_ms "$ready")
 	wait_until 120 allocatable_above_0 "$node" || { REASON="no $RESOURCE allocatable on $node within 120s"; return 1; }
 	alloc=$(since_ms "$ready")
@@ -547,8 +444,7 @@ case_fleet_late_join() {
 	for i in "$FLEET_B" "$FLEET_PLAIN"; do
 		ctr_on "$i" images import "$T/images/aws-standin.tar" >/dev/null 2>&1 || { REASON="cannot import the stand-in image on $i"; return 1; }
 	done
-	helm install "$STANDIN_RELEASE" "$HERE/aws-standin/chart" -n "$NS" --set "sysfsHostPath=$FIXTURES/sys" >/dev/null ||
-		{ REASON="helm install of the stand-in failed"; return 1; }
+	standin_chart || return 1
 	JOINS=()
 	for i in $(seq "$JOIN_ROUNDS"); do
 		join_once "efa-late-aws-$i" "name=$STANDIN_RELEASE" || { ok=0; break; }
@@ -561,30 +457,13 @@ case_fleet_late_join() {
 	note "F5 join medians: ours [$ours], aws [$aws]"
 }
 
-# The reboot case's container: it holds 2 EFAs until deleted.
-REBOOT_CONTAINER="{\"name\": \"probe\", \"image\": \"localhost/busybox:1\", \"imagePullPolicy\": \"Never\",
-  \"command\": [\"sleep\", \"100000\"], \"resources\": {\"limits\": {\"$RESOURCE\": 2}}}"
-
-# reboot_bare_pod NAME PLACEMENT: a bare pod that always restarts, placed on
-# efa-a by PLACEMENT (a pod-spec field).
-reboot_bare_pod() {
-	k apply -f - >/dev/null <<-EOF
-		{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$1", "namespace": "default"},
-		 "spec": {$2, "restartPolicy": "Always", "terminationGracePeriodSeconds": 1, "containers": [$REBOOT_CONTAINER]}}
-	EOF
-}
+# reboot_pod NAME KIND PLACEMENT...: a bare pod that always restarts
+# (KIND=pod) or a Deployment's pod, holding 2 EFAs, placed on efa-a by
+# PLACEMENT (workload_json's --node or --bind).
+reboot_pod() { workload_json "$1" "$2" 2 --restart Always "${@:3}" | k apply -f - >/dev/null; }
 
 # reboot_pods: on efa-a, a bare pod and a Deployment's pod, each holding 2 EFAs.
-reboot_pods() {
-	local pin="\"nodeSelector\": {\"kubernetes.io/hostname\": \"$NODE\"}"
-	reboot_bare_pod rb-bare "$pin" || return 1
-	k apply -f - >/dev/null <<-EOF || return 1
-		{"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "rb-deploy", "namespace": "default"},
-		 "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "rb-deploy"}},
-		  "template": {"metadata": {"labels": {"app": "rb-deploy"}}, "spec": {$pin,
-		   "terminationGracePeriodSeconds": 1, "containers": [$REBOOT_CONTAINER]}}}}
-	EOF
-}
+reboot_pods() { reboot_pod rb-bare pod --node "$NODE" && reboot_pod rb-deploy deployment --node "$NODE"; }
 
 # pods_outcome: each pod of the default namespace: name, phase, reason and restarts.
 pods_outcome() {
@@ -649,7 +528,7 @@ case_fleet_reboot() {
 	stop_node "$NODE"
 	# A pod bound to efa-a while it is down, as one bound before a reboot and not yet started:
 	# the kubelet admits it at start, with or without the plugin.
-	reboot_bare_pod rb-new "\"nodeName\": \"$NODE\"" || { REASON="pod rb-new not accepted"; return 1; }
+	reboot_pod rb-new pod --bind "$NODE" || { REASON="pod rb-new not accepted"; return 1; }
 	mark=$(wc -l <"$log")
 	start_node "$NODE" || return 1
 	# The API shows the old plugin pod Ready until the kubelet says otherwise: the kubelet's log tells.

@@ -27,16 +27,8 @@ gdrdrv_values() {
 	EOF
 }
 
-gdrdrv_job() {
-	k apply -f - <<-EOF
-		{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "gdrdrv-job", "namespace": "default"},
-		 "spec": {"backoffLimit": 0, "template": {"spec": {
-		   "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [
-		     {"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-		      "command": ["sh", "-c", "ls -l /dev/infiniband; ls -l $GDRDRV; echo FI_PROVIDER=\${FI_PROVIDER:-unset}; sleep 5"],
-		      "resources": {"limits": {"$RESOURCE": 2}}}]}}}}
-	EOF
-}
+# gdrdrv_job: a Job holding 2 EFAs whose container also lists GDRDRV.
+gdrdrv_job() { workload_json gdrdrv-job job 2 --list "$GDRDRV" | k apply -f -; }
 
 gdrdrv_cleanup() {
 	k delete job gdrdrv-job --ignore-not-found --wait >/dev/null 2>&1

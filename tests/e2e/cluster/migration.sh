@@ -9,10 +9,7 @@
 # the default namespace (it deletes what earlier cases left, the holder pod
 # included) and leaves it so.
 
-STANDIN_RELEASE=aws-efa-k8s-device-plugin
 STANDIN_IMAGE=localhost/aws-efa-k8s-device-plugin:e2e
-# As the README installs this plugin; its DaemonSet has the same name.
-OURS_RELEASE=efa-device-plugin
 STANDIN=
 SAMPLER=
 LOOKUP=
@@ -51,22 +48,20 @@ standin_image() {
 	mv "$T/images/aws-standin.tar.tmp" "$T/images/aws-standin.tar"
 }
 
-standin_pod() { kns get pods -l "name=$STANDIN_RELEASE" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
-
-standin_ready() {
-	local p
-	p=$(standin_pod) && [[ -n $p ]] &&
-		[[ $(pod_field "$p" '{.status.conditions[?(@.type=="Ready")].status}' "$NS") == True ]]
+# standin_chart: the stand-in's chart installed as the AWS chart is, on every
+# node whose containerd has its image (standin_image).
+standin_chart() {
+	helm install "$STANDIN_RELEASE" "$HERE/aws-standin/chart" -n "$NS" --set "sysfsHostPath=$FIXTURES/sys" >/dev/null && return 0
+	REASON="helm install of the stand-in failed"
+	return 1
 }
 
 # standin_install: the AWS chart's DaemonSet running the stand-in, registered
 # with all 4 EFAs under their ibdev names.
 standin_install() {
 	local want
-	standin_image || return 1
-	helm install "$STANDIN_RELEASE" "$HERE/aws-standin/chart" -n "$NS" --set "sysfsHostPath=$FIXTURES/sys" >/dev/null ||
-		{ REASON="helm install of the stand-in failed"; return 1; }
-	if ! wait_until 60 standin_ready; then
+	standin_image && standin_chart || return 1
+	if ! wait_until 60 has_ready_plugin_pod "$NODE" "name=$STANDIN_RELEASE"; then
 		REASON="stand-in pod not Ready within 60s: $(kns get pods -l "name=$STANDIN_RELEASE" -o wide 2>&1 | tail -n +2 | paste -sd'|')"
 		return 1
 	fi
@@ -89,34 +84,6 @@ standin_uninstall() {
 }
 
 no_standin_pod() { [[ -z $(kns get pods -l "name=$STANDIN_RELEASE" -o name 2>/dev/null) ]]; }
-
-# ours_install HELM_ARG...: this chart as the README installs it, plus only the
-# test values (the local image and the fake sysfs tree).
-ours_install() {
-	helm install "$OURS_RELEASE" "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "$@" >/dev/null ||
-		{ REASON="helm install $OURS_RELEASE $* failed"; return 1; }
-}
-
-# ours_rolled_out: the check in docs/migration.md's step 3, then allocatable back at 4.
-ours_rolled_out() {
-	if ! kns rollout status "daemonset/$OURS_RELEASE" --timeout=120s >/dev/null 2>&1; then
-		REASON="rollout status of $OURS_RELEASE did not succeed within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
-		return 1
-	fi
-	allocatable_settles_at_4 "after the install"
-}
-
-# start_pod NAME COUNT: a long-running pod holding COUNT EFAs whose container
-# saw exactly their nodes; sets POD_IDS and POD_NODES (its listing entries).
-start_pod() {
-	workload "$1" pod "$2" >/dev/null || { REASON="pod $1 not accepted"; return 1; }
-	if ! wait_until 60 pod_phase_is "$1" Running; then
-		REASON="pod $1 not Running within 60s: $(pod_field "$1" '{.status.phase}') $(pod_events "$1")"
-		return 1
-	fi
-	check_devices "$1" "$2" || return 1
-	POD_NODES=$(listing_entries <"$POD_LOG")
-}
 
 # standin_with_holder: the stand-in installed and H holding 2 EFAs through
 # it; sets H_NODES (what H's container sees) and H_IDS.
@@ -233,7 +200,7 @@ migration_reset() {
 
 # ---------------------------------------------------------------- cases
 
-migration_readme() {
+migration_documented() {
 	local mark data id
 	standin_with_holder || return 1
 	mark=$(kubelet_log_lines)
@@ -381,7 +348,7 @@ migration_cloudwatch() {
 	CASE_DETAIL=$(paste -sd',' <<<"$LOOKUP")
 }
 
-case_migration_readme() { on_clean_node migration_readme; }
+case_migration_documented() { on_clean_node migration_documented; }
 case_migration_ours_first() { on_clean_node migration_ours_first; }
 case_migration_pci() { on_clean_node migration_pci; }
 case_migration_cloudwatch() { on_clean_node migration_cloudwatch; }

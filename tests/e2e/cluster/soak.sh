@@ -108,20 +108,7 @@ print(sum(1 for p in json.load(sys.stdin)["items"]
 soak_workload() {
 	local name=$1 kind=$2 count=$3 life=$4 sleep=100000
 	[[ $kind == job ]] && sleep=$life
-	local spec="{\"restartPolicy\": \"Never\", \"terminationGracePeriodSeconds\": 1,
-	  \"containers\": [{\"name\": \"work\", \"image\": \"localhost/busybox:1\", \"imagePullPolicy\": \"Never\",
-	    \"command\": [\"sleep\", \"$sleep\"], \"resources\": {\"limits\": {\"$RESOURCE\": $count}}}]}"
-	if [[ $kind == job ]]; then
-		k apply -f - >/dev/null <<-EOF
-			{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "$name", "namespace": "default", "labels": {"soak": "1"}},
-			 "spec": {"backoffLimit": 0, "template": {"metadata": {"labels": {"soak": "1"}}, "spec": $spec}}}
-		EOF
-	else
-		k apply -f - >/dev/null <<-EOF
-			{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$name", "namespace": "default", "labels": {"soak": "1"}},
-			 "spec": $spec}
-		EOF
-	fi
+	workload_json "$name" "$kind" "$count" --sleep "$sleep" --label soak=1 | k apply -f - >/dev/null
 }
 
 # ---------------------------------------------------------------- events
@@ -134,8 +121,7 @@ soak_event() {
 	log=$T/logs/kubelet-$node.log
 	case $kind in
 	rollout)
-		helm upgrade "$OURS_RELEASE" "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" \
-			"${SOAK_CHART[@]}" --set-string "additionalPodAnnotations.soak=$SOAK_CYCLE" >/dev/null &&
+		ours_helm upgrade "${SOAK_CHART[@]}" --set-string "additionalPodAnnotations.soak=$SOAK_CYCLE" >/dev/null &&
 			kns rollout status "daemonset/$DS" --timeout="${SOAK_RECOVERY}s" >/dev/null
 		;;
 	kill)
@@ -292,7 +278,7 @@ soak_plan() {
 }
 
 case_soak() {
-	local kind node start ms events=0 line
+	local kind node start ms events=0
 	SOAK_REPORT=$T/logs/soak-report.txt
 	podresources_tool || return 1
 	fleet_chart "${SOAK_CHART[@]}" && fleet_serving "${FLEET[@]}" || return 1
@@ -321,10 +307,15 @@ case_soak() {
 	done
 	soak_report "$events"
 	k delete pods,jobs -l soak=1 --wait=false >/dev/null 2>&1
-	line=$(tail -1 "$SOAK_REPORT")
-	CASE_DETAIL="$line (report: logs/soak-report.txt)"
+	soak_verdict "$(tail -1 "$SOAK_REPORT")"
+}
+
+# soak_verdict LINE: the case's line, LINE and the report's name; a failure
+# naming the first three violations if there were any.
+soak_verdict() {
+	CASE_DETAIL="$1 (report: logs/${SOAK_REPORT##*/})"
 	((SOAK_VIOLATIONS == 0)) && return 0
-	REASON="$line: $(grep -m3 '^VIOLATION' "$SOAK_REPORT" | paste -sd'|')"
+	REASON="$1: $(grep -m3 '^VIOLATION' "$SOAK_REPORT" | paste -sd'|')"
 	return 1
 }
 
@@ -368,22 +359,16 @@ BURST_POLL=5
 # BURST_QUEUE more are asked for, until BURST_PODS are made (BURST_MADE).
 BURST_MADE=0
 burst_top_up() {
-	local want=$((FLEET_EFAS + BURST_QUEUE - $1)) items=() life
+	local want=$((FLEET_EFAS + BURST_QUEUE - $1)) pods=() life
 	while ((want-- > 0 && BURST_MADE < BURST_PODS)); do
 		BURST_MADE=$((BURST_MADE + 1))
 		soak_rand $((BURST_LIFE_MAX - BURST_LIFE_MIN + 1))
 		life=$((BURST_LIFE_MIN + RAND))
-		items+=("{\"apiVersion\": \"v1\", \"kind\": \"Pod\",
-		  \"metadata\": {\"name\": \"burst-$BURST_MADE\", \"namespace\": \"default\", \"labels\": {\"burst\": \"1\"}},
-		  \"spec\": {\"restartPolicy\": \"Never\", \"terminationGracePeriodSeconds\": 1, \"containers\": [{\"name\": \"work\",
-		    \"image\": \"localhost/busybox:1\", \"imagePullPolicy\": \"Never\", \"command\": [\"sleep\", \"$life\"],
-		    \"resources\": {\"limits\": {\"$RESOURCE\": 1}}}]}}")
+		pods+=("burst-$BURST_MADE pod 1 --sleep $life --label burst=1")
 	done
-	((${#items[@]})) || return 0
-	(
-		IFS=,
-		echo "{\"apiVersion\": \"v1\", \"kind\": \"List\", \"items\": [${items[*]}]}"
-	) | k apply -f - >/dev/null || soak_violation "burst pods up to burst-$BURST_MADE not accepted"
+	((${#pods[@]})) || return 0
+	printf '%s\n' "${pods[@]}" | workload_json --each | k apply -f - >/dev/null ||
+		soak_violation "burst pods up to burst-$BURST_MADE not accepted"
 }
 
 # burst_pods: "name phase node" of every burst pod.
@@ -462,10 +447,7 @@ case_burst() {
 	done <<<"$pairs"
 	line="burst: $BURST_PODS pods, $(tail -1 <<<"$pairs"), $SOAK_VIOLATIONS violations"
 	soak_note "$line"
-	CASE_DETAIL="$line (report: logs/burst-report.txt)"
-	((SOAK_VIOLATIONS == 0)) && return 0
-	REASON="$line: $(grep -m3 '^VIOLATION' "$SOAK_REPORT" | paste -sd'|')"
-	return 1
+	soak_verdict "$line"
 }
 
 soak_cases() {

@@ -4,7 +4,14 @@
 # workload pods, and the fixtures through which a case sets up what it needs
 # instead of relying on the case before it. Sourced by cluster.sh, which sets
 # BIN, KUBECONFIG, HELM, NODE, NS, DS, T and the fixture paths.
-# shellcheck disable=SC2034 # REASON, POD_LOG, POD_IDS and HOLDER_IDS are read by the cases
+# shellcheck disable=SC2034 # REASON, POD_LOG, POD_IDS, POD_NODES, HOLDER_IDS and the names below are read by the cases
+
+# This chart's release, as the README installs it; its DaemonSet is DS.
+OURS_RELEASE=efa-device-plugin
+# The AWS plugin's stand-in (cluster/migration.sh), released as the AWS chart is.
+STANDIN_RELEASE=aws-efa-k8s-device-plugin
+# The label nodeScope.mode=labelled keeps the plugin to.
+SCOPE_LABEL=efa-device-plugin/enabled
 
 k() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
 kns() { k -n "$NS" "$@"; }
@@ -26,10 +33,12 @@ allocatable_settles_at_4() {
 	return 1
 }
 
-# ready_plugin_pod [NODE]: the one plugin pod on NODE (the single-node cases'
-# node by default) that is Ready and not terminating; empty otherwise.
+# ready_plugin_pod [NODE [SELECTOR]]: the one pod in the plugins' namespace
+# on NODE (the single-node cases' node by default) matching the label
+# SELECTOR (this plugin's by default, the stand-in's is name=$STANDIN_RELEASE)
+# that is Ready and not terminating; empty otherwise.
 ready_plugin_pod() {
-	kns get pods -l app.kubernetes.io/name=efa-device-plugin --field-selector "spec.nodeName=${1:-$NODE}" \
+	kns get pods -l "${2:-app.kubernetes.io/name=efa-device-plugin}" --field-selector "spec.nodeName=${1:-$NODE}" \
 		-o json 2>/dev/null | python3 -c '
 import json, sys
 pods = [p for p in json.load(sys.stdin)["items"]
@@ -38,75 +47,101 @@ pods = [p for p in json.load(sys.stdin)["items"]
 print(pods[0]["metadata"]["name"] if len(pods) == 1 else "")'
 }
 
-# has_ready_plugin_pod [NODE]
-has_ready_plugin_pod() { [[ -n $(ready_plugin_pod "${1:-}") ]]; }
+# has_ready_plugin_pod [NODE [SELECTOR]]
+has_ready_plugin_pod() { [[ -n $(ready_plugin_pod "${1:-}" "${2:-}") ]]; }
 
 no_plugin_pod() { [[ -z $(kns get pods -l app.kubernetes.io/name=efa-device-plugin -o name 2>/dev/null) ]]; }
 
 pod_field() { k -n "${3:-default}" get pod "$1" -o jsonpath="$2" 2>/dev/null; }
 
+# node_of POD [NAMESPACE]: the node POD is bound to.
+node_of() { pod_field "$1" '{.spec.nodeName}' "${2:-default}"; }
+
 pod_phase_is() { [[ $(pod_field "$1" '{.status.phase}') == "$2" ]]; }
 
-# The device IDs the kubelet's checkpoint records for a pod.
+# node_sysfs NODE: the tree NODE's plugin reads as its sysfs, read from the host.
+node_sysfs() { node_host_path "$1" "$FIXTURES/sys"; }
+
+# node_dp_dir NODE: NODE's device-plugin dir, read from the host.
+node_dp_dir() { node_host_path "$1" "$DP_DIR"; }
+
+# allocated_ids UID [NODE]: the device IDs the checkpoint of NODE's kubelet
+# (the single-node cases' node by default) records for a pod.
 allocated_ids() {
-	python3 "$HERE/lib/kubeinfo.py" allocated "$DP_DIR/kubelet_internal_checkpoint" "$1" "$RESOURCE" 2>/dev/null |
+	python3 "$HERE/lib/kubeinfo.py" allocated "$(node_dp_dir "${2:-$NODE}")/kubelet_internal_checkpoint" "$1" "$RESOURCE" 2>/dev/null |
 		paste -sd' '
 }
+
+# workload_json NAME KIND COUNT [OPTION...]: a Pod, Job or Deployment asking
+# for COUNT EFAs, as lib/workload.py builds every workload of the cases
+# (workload_json --each: many, from argument lines on stdin).
+workload_json() { python3 "$HERE/lib/workload.py" --resource "$RESOURCE" "$@"; }
 
 # workload NAME KIND COUNT [NODE]: a Job (KIND=job) or a long-running Pod
 # (KIND=pod) whose container lists /dev/infiniband and prints FI_PROVIDER,
 # then waits: the Job long enough for its allocation to be read, the Pod until
 # deleted. With NODE, it may run on NODE only.
-workload() {
-	local name=$1 kind=$2 count=$3 wait=5 pin=
-	[[ $kind == pod ]] && wait=100000
-	[[ -n ${4:-} ]] && pin="\"nodeSelector\": {\"kubernetes.io/hostname\": \"$4\"},"
-	local container
-	container=$(
-		cat <<-EOF
-			{"name": "probe", "image": "localhost/busybox:1", "imagePullPolicy": "Never",
-			 "command": ["sh", "-c", "ls -l /dev/infiniband; echo FI_PROVIDER=\${FI_PROVIDER:-unset}; sleep $wait"],
-			 "resources": {"limits": {"$RESOURCE": $count}}}
-		EOF
-	)
-	if [[ $kind == job ]]; then
-		k apply -f - <<-EOF
-			{"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "$name", "namespace": "default"},
-			 "spec": {"backoffLimit": 0, "template": {"spec": {
-			   $pin "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}}}
-		EOF
-	else
-		k apply -f - <<-EOF
-			{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$name", "namespace": "default"},
-			 "spec": {$pin "restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [$container]}}
-		EOF
-	fi
-}
+workload() { workload_json "$1" "$2" "$3" ${4:+--node "$4"} | k apply -f -; }
 
 job_pod() { k get pods -l "job-name=$1" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
 
 no_job_pod() { [[ -z $(k get pods -l "job-name=$1" -o name 2>/dev/null) ]]; }
 
-# check_devices POD COUNT: the pod's container saw exactly the uverbs nodes
-# of the COUNT devices the kubelet allocated to it.
+# check_devices POD COUNT [NODE]: POD runs on NODE (the single-node cases'
+# node by default) and its container saw exactly the uverbs nodes of the
+# COUNT EFAs NODE's kubelet gave it, as NODE's sysfs tree pairs them; sets
+# POD_LOG, POD_IDS and POD_NODES (its listing entries).
 check_devices() {
-	local pod=$1 count=$2 uid ids got want
+	local pod=$1 count=$2 node=${3:-$NODE} uid got want id sys
+	local -a ids
+	if [[ $(node_of "$pod") != "$node" ]]; then
+		REASON="pod $pod runs on '$(node_of "$pod")', want $node"
+		return 1
+	fi
 	uid=$(pod_field "$pod" '{.metadata.uid}')
-	read -ra ids <<<"$(allocated_ids "$uid")"
+	read -ra ids <<<"$(allocated_ids "$uid" "$node")"
 	if ((${#ids[@]} != count)); then
-		REASON="checkpoint gives pod $pod ${#ids[@]} devices [${ids[*]}], want $count"
+		REASON="$node's checkpoint gives pod $pod ${#ids[@]} devices [${ids[*]}], want $count"
 		return 1
 	fi
 	wait_until 20 has_listing "$pod"
 	POD_LOG=$T/logs/pod-$pod.log
 	k logs "$pod" >"$POD_LOG"
 	got=$(listing_entries <"$POD_LOG")
-	want=$(expected_entries "${ids[@]}")
+	sys=$(node_sysfs "$node")
+	want=$(for id in "${ids[@]}"; do uverbs_entry "$sys" "$id"; done | sort)
 	if [[ $got != "$want" ]]; then
-		REASON="pod $pod sees [$(paste -sd';' <<<"$got")] in /dev/infiniband, want [$(paste -sd';' <<<"$want")]"
+		REASON="pod $pod on $node sees [$(paste -sd';' <<<"$got")] in /dev/infiniband, want [$(paste -sd';' <<<"$want")]"
 		return 1
 	fi
 	POD_IDS=("${ids[@]}")
+	POD_NODES=$got
+}
+
+# uverbs_entry SYSFS ID: the listing_entries line of the uverbs node of the
+# EFA with device ID ID (its ibdev name, or its PCI address under
+# device-id-strategy pci), from the tree as the kernel pairs them.
+uverbs_entry() {
+	local dev=$1/class/infiniband/$2/device verbs
+	[[ -e $dev ]] || dev=$1/bus/pci/drivers/efa/$2
+	verbs=$(basename "$(echo "$dev/infiniband_verbs/"*)")
+	dev=$(cat "$1/class/infiniband_verbs/$verbs/dev")
+	echo "c ${dev%%:*} ${dev##*:} $verbs"
+}
+
+# start_pod NAME COUNT [NODE]: a long-running pod asking for COUNT EFAs, made
+# anew (pinned to NODE if given), Running within 60s, whose container saw
+# exactly its EFAs (check_devices on the node it runs on); sets POD_LOG,
+# POD_IDS and POD_NODES.
+start_pod() {
+	local name=$1 count=$2
+	k delete pod "$name" --ignore-not-found --wait >/dev/null 2>&1
+	workload "$name" pod "$count" "${3:-}" >/dev/null || { REASON="pod $name not accepted"; return 1; }
+	if ! wait_until 60 pod_phase_is "$name" Running; then
+		REASON="pod $name not Running within 60s: $(pod_field "$name" '{.status.phase}') $(pod_events "$name")"
+		return 1
+	fi
+	check_devices "$name" "$count" "$(node_of "$name")"
 }
 
 # The container prints FI_PROVIDER after the listing, so the listing is whole.
@@ -201,6 +236,25 @@ kustomize_install() {
 	plugin_installed_ok "$T/shipped.yaml"
 }
 
+# ours_install HELM_ARG...: this chart as the README installs it, plus only the
+# test values (the local image and the fake sysfs tree).
+ours_install() {
+	ours_helm install "$@" >/dev/null || { REASON="helm install $OURS_RELEASE $* failed"; return 1; }
+}
+
+# ours_rolled_out: the check in docs/migration.md's step 3, then allocatable back at 4.
+ours_rolled_out() {
+	if ! kns rollout status "daemonset/$OURS_RELEASE" --timeout=120s >/dev/null 2>&1; then
+		REASON="rollout status of $OURS_RELEASE did not succeed within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
+		return 1
+	fi
+	allocatable_settles_at_4 "after the install"
+}
+
+# ours_helm VERB HELM_ARG...: helm VERB (install, upgrade) of OURS_RELEASE
+# from this chart with the test values and HELM_ARG...
+ours_helm() { helm "$1" "$OURS_RELEASE" "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "${@:2}"; }
+
 # uninstall_plugin: no plugin on the node, however a case installed it: the
 # chart's releases uninstalled, then a kustomize install deleted. True once
 # no plugin pod is left.
@@ -233,19 +287,11 @@ ensure_plugin() {
 }
 
 # ensure_holder: ensure_plugin, and the long-running pod "holder" with 2
-# EFAs, created if it is not running; sets HOLDER_IDS to the IDs the kubelet
-# gave it. Cases that read the holder share one, as a new pod would cost a
-# scheduling round each.
+# EFAs, started (start_pod) if it is not running; sets HOLDER_IDS to the IDs
+# the kubelet gave it. Cases that read the holder share one, as a new pod
+# would cost a scheduling round each.
 ensure_holder() {
 	ensure_plugin || return 1
-	if ! pod_phase_is holder Running; then
-		k delete pod holder --ignore-not-found --wait >/dev/null 2>&1
-		workload holder pod 2 >/dev/null || { REASON="pod holder not accepted"; return 1; }
-		if ! wait_until 60 pod_phase_is holder Running; then
-			REASON="pod holder not Running within 60s: $(pod_events holder)"
-			return 1
-		fi
-		check_devices holder 2 || return 1
-	fi
+	pod_phase_is holder Running || start_pod holder 2 || return 1
 	read -ra HOLDER_IDS <<<"$(allocated_ids "$(pod_field holder '{.metadata.uid}')")"
 }

@@ -1,7 +1,10 @@
-"""Reads what cluster/fleet.sh's watch_fleet recorded: one sample a second,
+"""The samples of cluster/fleet.sh's watch_fleet, about one a second:
 "TIME NODE READY ALLOCATABLE" per node, READY 1 while a plugin pod on NODE is
 Ready and not terminating, ALLOCATABLE "-" when the node has none.
 
+sample RESOURCE
+    Reads `kubectl get nodes,pods -o json` (the plugins' namespace) on stdin
+    and prints one sample: a line per node, ALLOCATABLE RESOURCE's.
 rollout FILE NODE=COUNT... BOUND
     Passes when no sample has two of the NODEs without a plugin, and each NODE
     has COUNT allocatable (0: none or 0) within BOUND seconds of its plugin
@@ -9,11 +12,33 @@ rollout FILE NODE=COUNT... BOUND
     (from its first sample without one to its first with one again), their
     median and maximum, and the samples; otherwise prints why it fails and
     exits 1.
+steady FILE NODE=COUNT
+    Passes when NODE has COUNT allocatable in every sample, and prints how
+    many there are; otherwise prints the values NODE had ("absent" for a
+    sample without NODE) and exits 1.
 """
 
+import json
 import statistics
 import sys
+import time
 from collections import defaultdict
+
+PLUGIN_LABEL = ("app.kubernetes.io/name", "efa-device-plugin")
+
+
+def sample(resource):
+    items = json.load(sys.stdin)["items"]
+    pods = [i for i in items if i["kind"] == "Pod" and i["metadata"].get("labels", {}).get(PLUGIN_LABEL[0]) == PLUGIN_LABEL[1]]
+    ready = {p["spec"].get("nodeName") for p in pods
+             if not p["metadata"].get("deletionTimestamp")
+             and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))}
+    now = time.time()
+    for n in (i for i in items if i["kind"] == "Node"):
+        name = n["metadata"]["name"]
+        alloc = n["status"].get("allocatable", {}).get(resource, "-")
+        print(f"{now:.1f} {name} {int(name in ready)} {alloc}")
+    return 0
 
 
 def samples(path):
@@ -64,10 +89,21 @@ def rollout(path, *args):
             f"never 2 nodes at once; {len(rows)} samples", True)
 
 
+def steady(path, node_count):
+    node, count = node_count.split("=", 1)
+    rows = samples(path)
+    if not rows:
+        return "no samples", False
+    seen = sorted({nodes.get(node, (False, "absent"))[1] for _, nodes in rows})
+    return (str(len(rows)), True) if seen == [count] else (" ".join(seen), False)
+
+
 def main(command, *args):
-    if command != "rollout":
+    if command == "sample":
+        return sample(*args)
+    if command not in ("rollout", "steady"):
         raise SystemExit(f"unknown command {command}")
-    message, ok = rollout(*args)
+    message, ok = {"rollout": rollout, "steady": steady}[command](*args)
     print(message)
     return 0 if ok else 1
 

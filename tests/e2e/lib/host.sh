@@ -164,19 +164,23 @@ move_aside() {
 	MOVED_ASIDE[$1]=$keep
 }
 
-# kill_containerd ADDRESS STATE_DIR PID: kills every task in the k8s.io
-# namespace, then containerd, then the shims that outlive it.
+# kill_containerd STATE_DIR PID CTR...: kills every task in the k8s.io
+# namespace, then containerd, then the shims that outlive it. CTR... is the
+# suite's ctr for that containerd (ctr_k8s, ctr_on NODE), which knows its
+# address and the build of ctr that matches it. Every step is best effort
+# (a task may end between the listing and the kill), so ctr's complaints, and
+# containerd 2's cgroup v1 notice on each call, stay out of the suite's output.
 kill_containerd() {
-	local address=$1 state=$2 pid=$3 id pidfile shim
-	local -a ctr=(ctr --address "$address" --namespace k8s.io)
-	for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
-		"${ctr[@]}" tasks kill -s SIGKILL "$id"
+	local state=$1 pid=$2 id pidfile shim
+	shift 2
+	for id in $("$@" tasks ls -q 2>/dev/null); do
+		"$@" tasks kill -s SIGKILL "$id" 2>/dev/null
 	done
-	for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
-		"${ctr[@]}" tasks delete -f "$id"
+	for id in $("$@" tasks ls -q 2>/dev/null); do
+		"$@" tasks delete -f "$id" 2>/dev/null
 	done
-	for id in $("${ctr[@]}" containers ls -q 2>/dev/null); do
-		"${ctr[@]}" containers delete "$id"
+	for id in $("$@" containers ls -q 2>/dev/null); do
+		"$@" containers delete "$id" 2>/dev/null
 	done
 	stop_pid "$pid" 15
 	# Shims' PIDs are in each task's bundle dir.

@@ -226,6 +226,6 @@ registered_since() { (($(registrations) > $1)) && registered_is "$2"; }
 stop_standalone() {
 	[[ -n $PLUGIN_PID ]] && stop_pid "$PLUGIN_PID" 10
 	[[ -n $KUBELET_PID ]] && stop_pid "$KUBELET_PID" 30
-	[[ -n $CONTAINERD_PID ]] && kill_containerd "$T/containerd/containerd.sock" "$T/containerd/state" "$CONTAINERD_PID"
+	[[ -n $CONTAINERD_PID ]] && kill_containerd "$T/containerd/state" "$CONTAINERD_PID" ctr_k8s
 	restore_host_state "${HOST_PATHS[@]}"
 }
