@@ -67,107 +67,9 @@ async fn story(root: &std::path::Path) -> anyhow::Result<()> {
     });
 
     let outcome = async {
-        let view = wait(&kubelet, "registration", |v| {
-            v.devices.len() == devices.len()
-        })
-        .await?;
-        let request = view.last_request.clone().unwrap_or_default();
-        println!(
-            "\n[kubelet] Register: version={} endpoint={} resource={}",
-            request.version, request.endpoint, request.resource_name
-        );
-        println!("[kubelet] ListAndWatch: {} devices", view.devices.len());
-        println!("  {:<14} {:<10} NUMA", "ID", "HEALTH");
-        for device in &view.devices {
-            let numa = device
-                .topology
-                .as_ref()
-                .and_then(|t| t.nodes.first())
-                .map_or("-".to_owned(), |n| n.id.to_string());
-            println!("  {:<14} {:<10} {numa}", device.id, device.health);
-        }
-
-        let mut client = kubelet
-            .plugin()
-            .ok_or_else(|| anyhow!("no plugin connection"))?;
-        // As the kubelet does before every allocation: offer the free devices, ask for 4.
-        let offered: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
-        let preferred = client
-            .get_preferred_allocation(PreferredAllocationRequest {
-                container_requests: vec![ContainerPreferredAllocationRequest {
-                    available_device_i_ds: offered.clone(),
-                    must_include_device_i_ds: Vec::new(),
-                    allocation_size: 4,
-                }],
-            })
-            .await?
-            .into_inner();
-        let chosen: Vec<String> = preferred
-            .container_responses
-            .into_iter()
-            .flat_map(|c| c.device_i_ds)
-            .collect();
-        let placed: Vec<&FakeDevice> = devices.iter().filter(|d| chosen.contains(&d.ibdev)).collect();
-        let numa: BTreeSet<i32> = placed.iter().map(|d| d.numa).collect();
-        let roots: BTreeSet<&String> = placed.iter().filter_map(|d| d.parents.first()).collect();
-        println!(
-            "\n[kubelet] GetPreferredAllocation: 4 of {} offered -> {chosen:?}\n  NUMA nodes {numa:?}, PCIe roots {roots:?}",
-            offered.len()
-        );
-        let response = client
-            .allocate(AllocateRequest {
-                container_requests: vec![ContainerAllocateRequest {
-                    devices_ids: chosen.clone(),
-                }],
-            })
-            .await?
-            .into_inner();
-        println!("\n[kubelet] Allocate {chosen:?}:");
-        for spec in response.container_responses.iter().flat_map(|c| &c.devices) {
-            println!(
-                "  DeviceSpec host_path={} container_path={} permissions={}",
-                spec.host_path, spec.container_path, spec.permissions
-            );
-        }
-
-        let victim = devices
-            .iter()
-            .find(|d| d.ibdev == chosen[1])
-            .ok_or_else(|| anyhow!("allocated device not simulated"))?;
-        println!(
-            "\nRemoving {} (the node of {}) to simulate a failure...",
-            node.node_path(victim).display(),
-            victim.ibdev
-        );
-        node.remove_node(victim)?;
-        let id = victim.ibdev.clone();
-        let view = wait(&kubelet, "the failure", |v| {
-            health_of(v, &id) == Some(false)
-        })
-        .await?;
-        println!(
-            "[kubelet] ListAndWatch: {} is {}; {} of {} allocatable",
-            id,
-            view.devices
-                .iter()
-                .find(|d| d.id == id)
-                .map_or("?", |d| d.health.as_str()),
-            view.healthy(),
-            view.devices.len()
-        );
-        println!("Restoring the node...");
-        node.create_node(victim)?;
-        let view = wait(&kubelet, "the recovery", |v| {
-            health_of(v, &id) == Some(true)
-        })
-        .await?;
-        println!(
-            "[kubelet] ListAndWatch: {} is Healthy again; {} of {} allocatable",
-            id,
-            view.healthy(),
-            view.devices.len()
-        );
-        Ok::<(), anyhow::Error>(())
+        let view = registration(&kubelet, devices.len()).await?;
+        let chosen = allocate_four(&kubelet, &devices, &view).await?;
+        fail_and_recover(&kubelet, &node, &devices, &chosen[1]).await
     }
     .await;
 
@@ -175,6 +77,119 @@ async fn story(root: &std::path::Path) -> anyhow::Result<()> {
     running.await.context("plugin task")??;
     kubelet.stop().await;
     outcome
+}
+
+/// The kubelet's side of the registration: what it was told, and the devices it lists.
+async fn registration(kubelet: &KubeletStub, efas: usize) -> anyhow::Result<KubeletView> {
+    let view = wait(kubelet, "registration", |v| v.devices.len() == efas).await?;
+    let request = view.last_request.clone().unwrap_or_default();
+    println!(
+        "\n[kubelet] Register: version={} endpoint={} resource={}",
+        request.version, request.endpoint, request.resource_name
+    );
+    println!("[kubelet] ListAndWatch: {} devices", view.devices.len());
+    println!("  {:<14} {:<10} NUMA", "ID", "HEALTH");
+    for device in &view.devices {
+        let numa = device
+            .topology
+            .as_ref()
+            .and_then(|t| t.nodes.first())
+            .map_or("-".to_owned(), |n| n.id.to_string());
+        println!("  {:<14} {:<10} {numa}", device.id, device.health);
+    }
+    Ok(view)
+}
+
+/// As the kubelet does for a pod asking for 4: offers every free device, then allocates what
+/// the plugin prefers. Returns the IDs allocated.
+async fn allocate_four(
+    kubelet: &KubeletStub,
+    devices: &[FakeDevice],
+    view: &KubeletView,
+) -> anyhow::Result<Vec<String>> {
+    let mut client = kubelet
+        .plugin()
+        .ok_or_else(|| anyhow!("no plugin connection"))?;
+    let offered: Vec<String> = view.devices.iter().map(|d| d.id.clone()).collect();
+    let preferred = client
+        .get_preferred_allocation(PreferredAllocationRequest {
+            container_requests: vec![ContainerPreferredAllocationRequest {
+                available_device_i_ds: offered.clone(),
+                must_include_device_i_ds: Vec::new(),
+                allocation_size: 4,
+            }],
+        })
+        .await?
+        .into_inner();
+    let chosen: Vec<String> = preferred
+        .container_responses
+        .into_iter()
+        .flat_map(|c| c.device_i_ds)
+        .collect();
+    let placed: Vec<&FakeDevice> = devices
+        .iter()
+        .filter(|d| chosen.contains(&d.ibdev))
+        .collect();
+    let numa: BTreeSet<i32> = placed.iter().map(|d| d.numa).collect();
+    let roots: BTreeSet<&String> = placed.iter().filter_map(|d| d.parents.first()).collect();
+    println!(
+        "\n[kubelet] GetPreferredAllocation: 4 of {} offered -> {chosen:?}\n  NUMA nodes {numa:?}, PCIe roots {roots:?}",
+        offered.len()
+    );
+    let response = client
+        .allocate(AllocateRequest {
+            container_requests: vec![ContainerAllocateRequest {
+                devices_ids: chosen.clone(),
+            }],
+        })
+        .await?
+        .into_inner();
+    println!("\n[kubelet] Allocate {chosen:?}:");
+    for spec in response.container_responses.iter().flat_map(|c| &c.devices) {
+        println!(
+            "  DeviceSpec host_path={} container_path={} permissions={}",
+            spec.host_path, spec.container_path, spec.permissions
+        );
+    }
+    Ok(chosen)
+}
+
+/// Removes the node of the EFA `id` and puts it back: the kubelet sees it turn Unhealthy and
+/// Healthy again.
+async fn fail_and_recover(
+    kubelet: &KubeletStub,
+    node: &FakeNode,
+    devices: &[FakeDevice],
+    id: &str,
+) -> anyhow::Result<()> {
+    let victim = devices
+        .iter()
+        .find(|d| d.ibdev == id)
+        .ok_or_else(|| anyhow!("allocated device not simulated"))?;
+    println!(
+        "\nRemoving {} (the node of {id}) to simulate a failure...",
+        node.node_path(victim).display(),
+    );
+    node.remove_node(victim)?;
+    let view = wait(kubelet, "the failure", |v| health_of(v, id) == Some(false)).await?;
+    println!(
+        "[kubelet] ListAndWatch: {id} is {}; {} of {} allocatable",
+        view.devices
+            .iter()
+            .find(|d| d.id == id)
+            .map_or("?", |d| d.health.as_str()),
+        view.healthy(),
+        view.devices.len()
+    );
+    println!("Restoring the node...");
+    node.create_node(victim)?;
+    let view = wait(kubelet, "the recovery", |v| health_of(v, id) == Some(true)).await?;
+    println!(
+        "[kubelet] ListAndWatch: {id} is Healthy again; {} of {} allocatable",
+        view.healthy(),
+        view.devices.len()
+    );
+    Ok(())
 }
 
 fn health_of(view: &KubeletView, id: &str) -> Option<bool> {
