@@ -184,9 +184,16 @@ remove_pods() {
 			REASON="pod $name still listed 60s after its manifest was removed"
 			return 1
 		fi
-		rm -rf "$f"
+		# The kubelet stops listing a static pod before its container has
+		# stopped, and a container still writing there fails a single rm.
+		if ! wait_until 30 rm_quietly "$f"; then
+			REASON="$f still written 30s after pod $name left the kubelet's list"
+			return 1
+		fi
 	done
 }
+
+rm_quietly() { rm -rf "$1" 2>/dev/null; }
 
 # named_in NAME WORD...: NAME is one of WORD...
 named_in() {
