@@ -110,7 +110,7 @@ async fn measure() -> Vec<(&'static str, Summary)> {
         &AllocationMetrics::default(),
         Arc::new(ScanStats::new(Duration::from_secs(5))),
         &h.node.sysfs,
-        tokio::sync::watch::channel(Arc::default()).1,
+        Writer::default().reader(),
         true,
     );
     let render = summary(

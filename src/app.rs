@@ -11,7 +11,10 @@ use tokio_util::sync::CancellationToken;
 use prometheus_client::metrics::counter::Counter;
 
 use crate::allocation::metrics::AllocationMetrics;
-use crate::allocation::{self, Allocator, Contributors, Delivery, DeviceSpecs, FoundNodes};
+use crate::allocation::recent::{self, Recent};
+use crate::allocation::{
+    self, Allocator, Contributors, Delivery, DeviceNode, DeviceSpecs, FoundNodes,
+};
 use crate::cdi::{self, CdiNames, Kind, SpecSettings};
 use crate::config::{ConfigError, DeviceListStrategy, Settings};
 use crate::conflict::Guard;
@@ -35,39 +38,53 @@ pub(crate) async fn run(settings: &Settings, shutdown: CancellationToken) -> any
         return Ok(());
     };
     let strategy = Strategy::of(settings)?;
-    // Looked up before the first Allocate or CDI spec can name them.
-    let (lookup, extra) = crate::extra_nodes::Lookup::start(settings.extra_device_nodes_on_host());
     let (writers, readers) = Writers::new();
-    let mut plugin = Plugin {
-        settings,
-        contributors: allocation::contributors(
-            &settings.dev_root,
-            &settings.allocate.env,
-            extra.clone(),
-        ),
-        strategy,
-        extra,
-        allocations: Arc::default(),
-        readers,
-        shutdown,
-        tasks: Tasks::default(),
-    };
     let Writers {
         devices,
         conflict,
         registration,
         competition,
         holdings,
+        extra_nodes,
     } = writers;
-    plugin.start_device_writers(devices, conflict).await?;
+    let mut lookup = crate::extra_nodes::Lookup::new(
+        settings.extra_device_nodes_on_host(),
+        settings.dev_root.clone(),
+        readers.devices.clone(),
+        extra_nodes,
+    );
+    let mut plugin = Plugin {
+        settings,
+        contributors: allocation::contributors(
+            &settings.dev_root,
+            &settings.allocate.env,
+            readers.extra_nodes.clone(),
+        ),
+        strategy,
+        allocations: Arc::default(),
+        readers,
+        shutdown,
+        tasks: Tasks::default(),
+    };
+    // Built before the health monitor, which reads the IDs it gives out.
+    let allocator = plugin.allocator();
+    plugin
+        .start_device_writers(devices, conflict, allocator.recent())
+        .await?;
+    // Judged against the EFAs the first scan found, before the first Allocate or CDI spec can
+    // name them.
+    lookup.start().map_err(|reason| {
+        ConfigError(format!("{} {reason}", settings.origins.extra_device_nodes))
+    })?;
     plugin.start_pod_view(holdings);
     plugin.start_competitor_watch(competition).await;
     plugin.start_files();
+    plugin.start_readiness_notice();
     if !settings.extra_device_nodes.is_empty() {
         let look_up = lookup.run(settings.rescan_interval, plugin.shutdown.clone());
         plugin.tasks.spawn("extra device node look-up", look_up);
     }
-    plugin.serve_kubelet(registration).await
+    plugin.serve_kubelet(registration, allocator).await
 }
 
 /// Each snapshot's one writer, until [`run`] hands it to the module that writes it.
@@ -77,6 +94,7 @@ struct Writers {
     registration: Writer<Registration>,
     competition: Writer<Competition>,
     holdings: Writer<Arc<Holdings>>,
+    extra_nodes: Writer<Arc<[DeviceNode]>>,
 }
 
 /// What every other part is given of the snapshots.
@@ -84,6 +102,7 @@ struct Readers {
     devices: DeviceReader,
     status: StatusReader,
     holdings: Reader<Arc<Holdings>>,
+    extra_nodes: FoundNodes,
 }
 
 impl Writers {
@@ -91,6 +110,7 @@ impl Writers {
         let (devices, conflict) = DeviceState::with_conflict_writer();
         let (registration, competition) = (Writer::default(), Writer::default());
         let holdings = Writer::default();
+        let extra_nodes = Writer::new(Arc::from([]));
         let readers = Readers {
             devices: devices.reader(),
             status: StatusReader {
@@ -98,6 +118,7 @@ impl Writers {
                 competition: competition.reader(),
             },
             holdings: holdings.reader(),
+            extra_nodes: FoundNodes::new(extra_nodes.reader()),
         };
         let writers = Writers {
             devices,
@@ -105,6 +126,7 @@ impl Writers {
             registration,
             competition,
             holdings,
+            extra_nodes,
         };
         (writers, readers)
     }
@@ -117,7 +139,6 @@ struct Plugin<'a> {
     settings: &'a Settings,
     strategy: Strategy,
     contributors: Contributors,
-    extra: FoundNodes,
     allocations: Arc<AllocationMetrics>,
     readers: Readers,
     shutdown: CancellationToken,
@@ -132,8 +153,15 @@ impl Plugin<'_> {
         &mut self,
         devices: DeviceState,
         conflict: ConflictWriter,
+        given_lately: Option<Arc<Recent>>,
     ) -> anyhow::Result<()> {
         let settings = self.settings;
+        // Before the first scan names any device: a held EFA renamed while no plugin ran keeps
+        // the ID it was given under.
+        devices.remember(crate::identities::read(
+            &settings.device_plugin_dir,
+            settings.device_id_strategy,
+        ));
         let mut monitor = Monitor::new(
             settings.sysfs_root.clone(),
             settings.judge(),
@@ -141,7 +169,7 @@ impl Plugin<'_> {
             devices,
         )
         .with_ids(settings.device_id_strategy)
-        .with_holdings(self.readers.holdings.subscribe());
+        .with_holdings(self.readers.holdings.clone(), given_lately);
         if let Some(address) = settings.metrics_address {
             let endpoint = self.endpoint(monitor.stats(), address).await?;
             self.tasks.spawn("metrics endpoint", endpoint);
@@ -193,9 +221,31 @@ impl Plugin<'_> {
         );
     }
 
-    /// The files others read: the NFD feature file and, in cdi mode, the CDI spec.
+    /// The files others read: the advertised IDs for the next run, the NFD feature file and, in
+    /// cdi mode, the CDI spec.
+    /// Tells a service manager that started the plugin when the kubelet can register it.
+    fn start_readiness_notice(&mut self) {
+        if let Some(notifier) = crate::readiness::Notifier::from_env() {
+            let announce = crate::readiness::announce(
+                notifier,
+                self.readers.status.registration.clone(),
+                self.shutdown.clone(),
+            );
+            self.tasks.spawn("readiness notice", announce);
+        }
+    }
+
     fn start_files(&mut self) {
         let settings = self.settings;
+        let ids = crate::identities::run(
+            settings.device_plugin_dir.clone(),
+            settings.device_id_strategy,
+            settings.rescan_interval,
+            self.readers.devices.clone(),
+            self.readers.status.registration.clone(),
+            self.shutdown.clone(),
+        );
+        self.tasks.spawn("advertised-ID file writer", ids);
         if let Some(path) = &settings.nfd_features_file {
             let writer = crate::nfd::run(
                 path.clone(),
@@ -219,8 +269,8 @@ impl Plugin<'_> {
                 failures.clone(),
                 cdi::Sources {
                     state: self.readers.devices.clone(),
-                    holdings: self.readers.holdings.subscribe(),
-                    extra: self.extra.clone(),
+                    holdings: self.readers.holdings.clone(),
+                    extra: self.readers.extra_nodes.clone(),
                 },
                 self.spec_still_needed(),
                 self.shutdown.clone(),
@@ -238,18 +288,22 @@ impl Plugin<'_> {
         Allocator::new(delivery, self.contributors.clone())
             .with_sharing(self.settings.sharing)
             .with_metrics(self.allocations.clone())
-            .with_holdings(self.readers.holdings.subscribe())
-            .steering_from_recent(crate::allocation::recent::WINDOW)
+            .with_holdings(self.readers.holdings.clone())
+            .steering_from_recent(recent::window_for(self.settings.rescan_interval))
     }
 
     /// Registers with the kubelet and serves it until shutdown or until a task fails, which
     /// stops the rest.
-    async fn serve_kubelet(self, registration: Writer<Registration>) -> anyhow::Result<()> {
+    async fn serve_kubelet(
+        self,
+        registration: Writer<Registration>,
+        allocator: Allocator,
+    ) -> anyhow::Result<()> {
         let lifecycle = Lifecycle {
             dir: self.settings.device_plugin_dir.clone(),
             resource_name: self.settings.resource_name.to_string(),
             state: self.readers.devices.clone(),
-            allocator: Arc::new(self.allocator()),
+            allocator: Arc::new(allocator),
             registration,
             competition: self.readers.status.competition.clone(),
         };
@@ -289,7 +343,7 @@ impl Plugin<'_> {
             &self.allocations,
             scans.clone(),
             &self.settings.sysfs_root,
-            self.readers.holdings.subscribe(),
+            self.readers.holdings.clone(),
             self.settings.counter_pod_labels,
         );
         if let Some(failures) = self.strategy.cdi_failures() {

@@ -11,14 +11,13 @@
 //! rewritten through [`HostFile`] whenever the devices it describes or the extra device nodes
 //! it hands out change.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
-use serde::Serialize;
-use tokio::sync::watch;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::allocation::sharing::{self, Sharing};
@@ -26,7 +25,7 @@ use crate::allocation::{self, Allocated, Contributors, Delivery, FoundNodes};
 use crate::discovery::Efa;
 use crate::hostfile::{HostFile, KeepOnExit};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
-use crate::state::{DeviceReader, Holdings, Inventory};
+use crate::state::{DeviceReader, Holdings, Inventory, Reader};
 
 /// The spec's kind is the resource name, so several resources of one node never share a file or
 /// a device name space.
@@ -209,10 +208,15 @@ pub(crate) struct SpecSettings {
 /// view shows them held, which costs nothing on a node that never switched, where listing every
 /// EFA's other names always would double the largest spec. `None` without devices: CDI counts
 /// a spec with no device as an error, which runtimes would report for every container.
+///
+/// `kept` are the IDs the spec on disk named when the plugin started: until the PodResources
+/// view has answered once, a held foreign ID is only known from there, and dropped from the spec
+/// a container restarted meanwhile could not resolve its CDI name.
 pub(crate) fn render(
     inventory: &Inventory,
     settings: &SpecSettings,
     holdings: &Holdings,
+    kept: &KeptIds,
 ) -> Option<String> {
     let device = |name: &str, efa| Device {
         name: device_name(name),
@@ -229,10 +233,19 @@ pub(crate) fn render(
         })
         .collect();
     let names = inventory.by_name();
+    // Never answered: neither known nor kept over failed polls.
+    let never_answered = !holdings.known && !holdings.stale;
+    let kept = kept.0.iter().filter(|_| never_answered).filter(|id| {
+        settings
+            .sharing
+            .parse(id)
+            .is_none_or(|(device, _)| inventory.get(device).is_none())
+    });
     let foreign: BTreeMap<&str, &Efa> = holdings
         .foreign
         .iter()
         .flat_map(|hold| &hold.ids)
+        .chain(kept)
         .filter_map(|id| {
             let record = names.get(sharing::device_of(id))?;
             Some((id.as_str(), &record.efa))
@@ -265,7 +278,7 @@ const SPEC_MODE: u32 = 0o644;
 /// unrelated device change.
 pub(crate) struct Sources {
     pub state: DeviceReader,
-    pub holdings: watch::Receiver<Arc<Holdings>>,
+    pub holdings: Reader<Arc<Holdings>>,
     pub extra: FoundNodes,
 }
 
@@ -285,8 +298,10 @@ pub(crate) async fn run(
     keep_on_exit: KeepOnExit,
     shutdown: CancellationToken,
 ) {
+    let path = settings.kind.spec_path(&dir);
+    let kept = KeptIds::read(&path);
     let file = HostFile {
-        path: settings.kind.spec_path(&dir),
+        path,
         what: "CDI spec",
         recheck,
         mode: SPEC_MODE,
@@ -297,10 +312,76 @@ pub(crate) async fn run(
     };
     file.follow(
         state,
-        |inventory, holdings| render(inventory, &settings, holdings),
+        |inventory, holdings| render(inventory, &settings, holdings, &kept),
         shutdown,
     )
     .await
+}
+
+/// The IDs a spec file names, read when the plugin starts: the spec an earlier run kept on exit,
+/// while pods held EFAs by its names.
+#[derive(Debug, Default)]
+pub(crate) struct KeptIds(BTreeSet<String>);
+
+/// The largest kept spec read: above the spec of the largest sharing start-up accepts.
+const KEPT_SPEC_LIMIT: u64 = 64 << 20;
+
+impl KeptIds {
+    /// The IDs of the spec at `path`; none if there is none, or it cannot be read (which is
+    /// logged: its held names are then unknown until the kubelet's PodResources answers).
+    pub(crate) fn read(path: &Path) -> KeptIds {
+        #[derive(Deserialize)]
+        struct Named {
+            devices: Vec<Name>,
+        }
+        #[derive(Deserialize)]
+        struct Name {
+            name: String,
+        }
+        let text = match crate::fsread::read_text(path, KEPT_SPEC_LIMIT) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => return KeptIds::default(),
+            Err(err) => return KeptIds::unreadable(path, &err.to_string()),
+        };
+        match serde_json::from_str::<Named>(&text) {
+            Ok(named) => KeptIds(
+                named
+                    .devices
+                    .into_iter()
+                    .map(|device| id_of_name(&device.name))
+                    .collect(),
+            ),
+            Err(err) => KeptIds::unreadable(path, &err.to_string()),
+        }
+    }
+
+    fn unreadable(path: &Path, error: &str) -> KeptIds {
+        tracing::warn!(
+            file = %path.display(),
+            %error,
+            "cannot read the CDI spec kept by an earlier run; the IDs pods hold by its names are known again once the kubelet's PodResources answers"
+        );
+        KeptIds::default()
+    }
+}
+
+/// The ID a spec's device name stands for: [`device_name`] undone.
+fn id_of_name(name: &str) -> String {
+    let decoded = name
+        .strip_prefix("id-")
+        .filter(|hex| hex.len() % 2 == 0)
+        .and_then(|hex| {
+            (0..hex.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+                .collect::<Option<Vec<u8>>>()
+        })
+        .and_then(|bytes| String::from_utf8(bytes).ok());
+    match decoded {
+        // A valid ID that merely starts with `id-` is its own name.
+        Some(id) if device_name(&id) == name => id,
+        _ => name.to_owned(),
+    }
 }
 
 /// Why the spec must outlive the plugin, if it must. The kubelet restarts a container of a
@@ -342,6 +423,21 @@ impl Delivery for CdiNames {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_kept_specs_names_read_back_as_the_ids_they_name() {
+        for id in [
+            "rdmap16s27",
+            "0000:10:1b.0::3",
+            "efa_0",
+            "id-41",
+            "-odd-",
+            "é",
+            "",
+        ] {
+            assert_eq!(id_of_name(&device_name(id)), id, "{id:?}");
+        }
+    }
+
     use super::*;
     use crate::allocation::{Allocator, Contributor, DeviceSpecs};
     use crate::discovery::{DeviceIdStrategy, Efa};
@@ -400,6 +496,7 @@ mod tests {
             &inventory(Shape::P4d),
             &settings(1, &[]),
             &Holdings::default(),
+            &KeptIds::default(),
         ));
         // ibdev names start with a letter, so the oldest runtimes can read the spec.
         assert_eq!(spec["cdiVersion"], "0.3.0");
@@ -433,6 +530,7 @@ mod tests {
             &inventory(Shape::Dense256),
             &settings(1, &[]),
             &Holdings::default(),
+            &KeptIds::default(),
         ));
         let devices = spec["devices"].as_array().unwrap();
         assert_eq!(devices.len(), 256);
@@ -453,6 +551,7 @@ mod tests {
             &inventory(Shape::P4d),
             &settings(3, &[("FI_PROVIDER", "efa"), ("A", "x=y,z")]),
             &Holdings::default(),
+            &KeptIds::default(),
         ));
         let names: Vec<&str> = spec["devices"]
             .as_array()
@@ -477,18 +576,29 @@ mod tests {
             render(
                 &Inventory::default(),
                 &settings(1, &[]),
-                &Holdings::default()
+                &Holdings::default(),
+                &KeptIds::default()
             ),
             None
         );
         let mut odd = inventory(Shape::G5).devices().next().unwrap().clone();
         odd.efa.id = "pci/0".into();
         let odd = Inventory::default().observe(vec![odd]).0;
-        let spec = parse(&render(&odd, &settings(1, &[]), &Holdings::default()));
+        let spec = parse(&render(
+            &odd,
+            &settings(1, &[]),
+            &Holdings::default(),
+            &KeptIds::default(),
+        ));
         assert_eq!(spec["devices"][0]["name"], "id-7063692f30");
         assert_eq!(spec["cdiVersion"], "0.3.0");
         let by_pci = simulate::inventory_named(Shape::P4d, DeviceIdStrategy::Pci);
-        let spec = parse(&render(&by_pci, &settings(1, &[]), &Holdings::default()));
+        let spec = parse(&render(
+            &by_pci,
+            &settings(1, &[]),
+            &Holdings::default(),
+            &KeptIds::default(),
+        ));
         assert_eq!(spec["devices"][0]["name"], "0000:10:1b.0");
         assert_eq!(spec["cdiVersion"], "0.5.0", "a name starts with a digit");
         let dotted = SpecSettings {
@@ -499,7 +609,8 @@ mod tests {
             parse(&render(
                 &inventory(Shape::P4d),
                 &dotted,
-                &Holdings::default()
+                &Holdings::default(),
+                &KeptIds::default()
             ))["cdiVersion"],
             "0.6.0"
         );
@@ -528,7 +639,12 @@ mod tests {
             ],
         };
         let holdings = derive(&response, EFA, &by_pci, Sharing::default());
-        let spec = parse(&render(&by_pci, &settings(1, &[]), &holdings));
+        let spec = parse(&render(
+            &by_pci,
+            &settings(1, &[]),
+            &holdings,
+            &KeptIds::default(),
+        ));
         assert_eq!(
             spec_names(&spec),
             [
@@ -554,7 +670,12 @@ mod tests {
             "/dev/infiniband/uverbs0"
         );
         // Once no pod holds them, the old names go.
-        let spec = parse(&render(&by_pci, &settings(1, &[]), &Holdings::default()));
+        let spec = parse(&render(
+            &by_pci,
+            &settings(1, &[]),
+            &Holdings::default(),
+            &KeptIds::default(),
+        ));
         assert_eq!(spec_names(&spec).len(), 4);
     }
 
@@ -619,7 +740,12 @@ mod tests {
             sharing: Sharing::default(),
             contributors,
         };
-        let spec = parse(&render(&inventory, &settings, &Holdings::default()));
+        let spec = parse(&render(
+            &inventory,
+            &settings,
+            &Holdings::default(),
+            &KeptIds::default(),
+        ));
         assert_eq!(
             spec["containerEdits"],
             serde_json::json!({"env": ["MARKED=yes"]})

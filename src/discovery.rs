@@ -172,6 +172,7 @@ pub(crate) fn scan_guarded(sysfs_root: &Path, ids: DeviceIdStrategy, reads: &Rea
         }
     };
     let devices_dir = fold(&sysfs_root.join("devices"));
+    let mut found = Vec::new();
     for entry in entries.flatten() {
         let dir = entry.path();
         match driver_of(&dir) {
@@ -198,11 +199,12 @@ pub(crate) fn scan_guarded(sysfs_root: &Path, ids: DeviceIdStrategy, reads: &Rea
             Ok((efa, numa)) => {
                 if let Err(reason) = numa {
                     result.numa_unreadable.push(Problem {
-                        entry: ibdev,
+                        entry: ibdev.clone(),
                         reason,
                     });
                 }
-                result.devices.push(efa);
+                let kernels = is_kernels_entry(&dir, &ibdev);
+                found.push((efa, kernels));
             }
             Err(reason) => result.problems.push(Problem {
                 entry: ibdev,
@@ -210,11 +212,43 @@ pub(crate) fn scan_guarded(sysfs_root: &Path, ids: DeviceIdStrategy, reads: &Rea
             }),
         }
     }
-    result
-        .devices
-        .sort_by(|a, b| a.pci_address.cmp(&b.pci_address));
+    let (devices, twins) = one_entry_per_function(found);
+    result.devices = devices;
+    result.problems.extend(twins);
     result.problems.sort_by(|a, b| a.entry.cmp(&b.entry));
     result
+}
+
+/// Whether the class entry `dir` is the kernel's own name for its device: the entry the kernel
+/// makes links to `<function>/infiniband/<ibdev>`, so the link's last part is the entry's name.
+fn is_kernels_entry(dir: &Path, ibdev: &str) -> bool {
+    fs::read_link(dir).is_ok_and(|target| target.file_name() == Some(std::ffi::OsStr::new(ibdev)))
+}
+
+/// The devices sorted by PCI address, one per PCI function, and the entries left out. The
+/// kernel makes one class entry per function; a second (a hand-made link, a broken udev rule)
+/// would advertise one uverbs node under two IDs, and the kubelet would give it to two pods. The
+/// kernel's own entry is kept, else the first by name.
+fn one_entry_per_function(mut found: Vec<(Efa, bool)>) -> (Vec<Efa>, Vec<Problem>) {
+    found.sort_by(|(a, a_kernels), (b, b_kernels)| {
+        (&a.pci_address, !a_kernels, &a.ibdev).cmp(&(&b.pci_address, !b_kernels, &b.ibdev))
+    });
+    let mut devices: Vec<Efa> = Vec::with_capacity(found.len());
+    let mut twins = Vec::new();
+    for (efa, _) in found {
+        match devices.last() {
+            Some(kept) if kept.pci_address == efa.pci_address => twins.push(Problem {
+                reason: format!(
+                    "it names the PCI function {} that the entry {} names already; left out, as \
+                     the kernel makes one entry per function (a hand-made link or a udev rule?)",
+                    efa.pci_address, kept.ibdev
+                ),
+                entry: efa.ibdev,
+            }),
+            _ => devices.push(efa),
+        }
+    }
+    (devices, twins)
 }
 
 /// The ibdev name as the plugin may use it, or why the entry is refused. The name becomes a
@@ -632,6 +666,23 @@ mod tests {
         assert_eq!(fold(Path::new("/a/b/../c/./d")), Path::new("/a/c/d"));
         assert_eq!(fold(Path::new("/../a")), Path::new("/a"));
         assert_eq!(fold(Path::new("../../x/sys/../y")), Path::new("../../x/y"));
+    }
+
+    #[test]
+    fn a_second_entry_for_one_pci_function_is_left_out_and_reported() {
+        let (_dir, node, before) = scan_shape(Shape::P4d);
+        let class = node.sysfs.join("class/infiniband");
+        let target = std::fs::read_link(class.join("rdmap16s27")).unwrap();
+        // Sorted before the kernel's entry, so keeping the first by name would keep the twin.
+        std::os::unix::fs::symlink(&target, class.join("aaa_twin")).unwrap();
+        let found = scan(&node.sysfs, DeviceIdStrategy::Ibdev);
+        assert_eq!(found.devices, before.devices, "one device per PCI function");
+        let reasons: Vec<String> = found.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(reasons.len(), 1, "{reasons:?}");
+        assert!(
+            reasons[0].starts_with("aaa_twin: it names the PCI function 0000:10:1b.0 that the entry rdmap16s27 names already"),
+            "{reasons:?}"
+        );
     }
 
     #[test]

@@ -1,9 +1,12 @@
 //! Decides each device's health and keeps the device state current.
 //!
 //! EFA port state is hard-coded ACTIVE by the driver, so it carries no signal. What does: the
-//! device is still in sysfs, still bound to `efa`, and its uverbs node is present in the dev root
-//! with the major:minor sysfs gives. Health is recomputed from scratch on every pass, so a device
-//! that recovers turns Healthy again; nothing is unhealthy forever.
+//! device is still in sysfs, still bound to `efa`, its uverbs node is present in the dev root
+//! with the major:minor sysfs gives, and the driver has not closed its admin queue
+//! ([`admin_queue`]). Health is recomputed from scratch on every pass, so a device that
+//! recovers turns Healthy again; nothing is unhealthy forever.
+
+pub(crate) mod admin_queue;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
@@ -12,30 +15,37 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::allocation::recent::Recent;
 use crate::discovery::{self, DevNum, DeviceIdStrategy, Efa, ListingError, Problem, Reads};
 use crate::fsread;
 use crate::rescan::Rescans;
-use crate::state::{Change, DeviceRecord, DeviceState, Held, Holdings, Observation, Verdict};
+use crate::state::{
+    Change, DeviceRecord, DeviceState, Failure, Health, Held, Holdings, Observation, Reader,
+    Verdict,
+};
+use admin_queue::AdminQueue;
 
 /// The health rules, and the dev root whose nodes they judge. Built once by whoever observes the
 /// node, and handed to every pass.
 #[derive(Clone, Debug)]
 pub struct Judge {
     dev_root: PathBuf,
+    /// Whether the [`admin_queue`] rule applies: `--admin-queue-health`.
+    admin_queue: bool,
     /// Test-only: see [`Judge::accepting_regular_files`].
     #[cfg(any(test, feature = "testkit"))]
     regular_files: bool,
 }
 
 impl Judge {
-    /// The product's rules for the nodes in `dev_root`.
+    /// The product's rules for the nodes in `dev_root`, the admin-queue rule among them.
     pub fn new(dev_root: PathBuf) -> Self {
         Judge {
             dev_root,
+            admin_queue: true,
             #[cfg(any(test, feature = "testkit"))]
             regular_files: false,
         }
@@ -46,6 +56,12 @@ impl Judge {
     #[cfg(any(test, feature = "testkit"))]
     pub fn accepting_regular_files(mut self, accept: bool) -> Self {
         self.regular_files = accept;
+        self
+    }
+
+    /// With `check` false, leaves the [`admin_queue`] rule out.
+    pub fn checking_admin_queue(mut self, check: bool) -> Self {
+        self.admin_queue = check;
         self
     }
 
@@ -62,9 +78,17 @@ impl Judge {
         let meta = match std::fs::symlink_metadata(&path) {
             Ok(meta) => meta,
             Err(err) if err.kind() == io::ErrorKind::NotFound => {
-                return Verdict::unhealthy(format!("{} is missing", path.display()));
+                return Verdict::unhealthy(
+                    Failure::DeviceNode,
+                    format!("{} is missing", path.display()),
+                );
             }
-            Err(err) => return Verdict::unhealthy(format!("{}: {err}", path.display())),
+            Err(err) => {
+                return Verdict::unhealthy(
+                    Failure::DeviceNode,
+                    format!("{}: {err}", path.display()),
+                );
+            }
         };
         let kind = meta.file_type();
         if kind.is_char_device() {
@@ -74,11 +98,10 @@ impl Judge {
                 minor: nix::sys::stat::minor(rdev) as u32,
             };
             if found != efa.dev {
-                return Verdict::unhealthy(format!(
-                    "{} is {found}, sysfs says {}",
-                    path.display(),
-                    efa.dev
-                ));
+                return Verdict::unhealthy(
+                    Failure::DeviceNode,
+                    format!("{} is {found}, sysfs says {}", path.display(), efa.dev),
+                );
             }
             return Verdict::healthy();
         }
@@ -86,11 +109,14 @@ impl Judge {
         if kind.is_file() && self.regular_files {
             return Verdict::healthy();
         }
-        Verdict::unhealthy(format!(
-            "{} is {}, not a character device",
-            path.display(),
-            fsread::describe(kind)
-        ))
+        Verdict::unhealthy(
+            Failure::DeviceNode,
+            format!(
+                "{} is {}, not a character device",
+                path.display(),
+                fsread::describe(kind)
+            ),
+        )
     }
 }
 
@@ -134,11 +160,19 @@ fn observe_guarded(
     reads: &Reads,
 ) -> Observed {
     let scan = discovery::scan_guarded(sysfs_root, ids, reads);
+    let class = sysfs_root.join("class/infiniband");
     let records = scan
         .devices
         .into_iter()
         .map(|efa| {
-            let verdict = judge.verdict(&efa);
+            let mut verdict = judge.verdict(&efa);
+            // Under the entry's read guard, so a counter read stuck in the driver costs only
+            // this device at the pass's deadline. A device already Unhealthy is not read.
+            if verdict.health == Health::Healthy && judge.admin_queue && reads.begin(&efa.ibdev) {
+                let queue = AdminQueue::read(&class.join(&efa.ibdev));
+                reads.end(&efa.ibdev);
+                verdict = queue.verdict().unwrap_or(verdict);
+            }
             DeviceRecord { efa, verdict }
         })
         .collect();
@@ -254,7 +288,9 @@ pub(crate) struct Monitor {
     /// Problems already logged, so each is logged once while it lasts.
     known_problems: BTreeSet<String>,
     /// The PodResources view: which IDs a renamed EFA must keep.
-    holdings: Option<watch::Receiver<Arc<Holdings>>>,
+    holdings: Option<Reader<Arc<Holdings>>>,
+    /// The IDs Allocate gave out lately, which the view may not show yet.
+    given_lately: Option<Arc<Recent>>,
 }
 
 /// Coalesces a burst of node events (an `rm` of several nodes) into one rescan.
@@ -279,12 +315,19 @@ impl Monitor {
             abandoned: None,
             known_problems: BTreeSet::new(),
             holdings: None,
+            given_lately: None,
         }
     }
 
-    /// Reads which IDs pods hold from `holdings`, so a renamed EFA keeps only a held ID.
-    pub(crate) fn with_holdings(mut self, holdings: watch::Receiver<Arc<Holdings>>) -> Self {
+    /// Reads which IDs pods hold from `holdings`, and, when Allocate records them,
+    /// `given_lately`, so a renamed EFA keeps only a held ID.
+    pub(crate) fn with_holdings(
+        mut self,
+        holdings: Reader<Arc<Holdings>>,
+        given_lately: Option<Arc<Recent>>,
+    ) -> Self {
         self.holdings = Some(holdings);
+        self.given_lately = given_lately;
         self
     }
 
@@ -432,11 +475,20 @@ impl Monitor {
     }
 
     /// Which IDs pods hold now; unknown without the PodResources view, so that a renamed EFA
-    /// keeps the ID it had rather than risk the kubelet giving it out twice.
+    /// keeps the ID it had rather than risk the kubelet giving it out twice. The view is one
+    /// poll old: an ID Allocate gave out since may be held already, so those count too.
     fn held(&self) -> Held {
-        self.holdings
+        let held = self
+            .holdings
             .as_ref()
-            .map_or(Held::Unknown, |holdings| Held::of(&holdings.borrow()))
+            .map_or(Held::Unknown, |holdings| Held::of(&holdings.borrow()));
+        match (held, &self.given_lately) {
+            (Held::Ids(mut ids), Some(given)) => {
+                ids.extend(given.efas_given_within(Duration::MAX));
+                Held::Ids(ids)
+            }
+            (held, _) => held,
+        }
     }
 
     fn apply(&self, observation: Observation) {
@@ -510,7 +562,7 @@ fn log_change(change: &Change) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::state::{DeviceReader, Health};
+    use crate::state::{DeviceReader, Health, Writer};
     use crate::testkit::simulate;
 
     /// A p4d whose `HUNG` entry never returns from a read until a writer opens the FIFO
@@ -699,20 +751,47 @@ mod tests {
         assert!(!rdma_netns_exclusive(&node.sysfs), "a FIFO is no answer");
     }
 
-    #[tokio::test]
-    async fn the_netns_mode_reaches_the_snapshot_on_each_rescan() {
+    /// A p4d node and a monitor of it that has not run yet, with a reader of what it publishes.
+    /// Destructure it binding `_root`: left to `..`, the tree would be removed at once.
+    struct Monitored {
+        _root: tempfile::TempDir,
+        node: simulate::FakeNode,
+        devices: Vec<simulate::FakeDevice>,
+        state: DeviceReader,
+        monitor: Monitor,
+    }
+
+    fn monitored_p4d() -> Monitored {
         let root = tempfile::tempdir().unwrap();
-        let (node, _) =
+        let (node, devices) =
             simulate::FakeNode::build(root.path(), simulate::Shape::P4d, simulate::Nodes::Files)
                 .unwrap();
         let state = DeviceState::default();
         let (state, writer) = (state.reader(), state);
-        let mut monitor = Monitor::new(
+        let monitor = Monitor::new(
             node.sysfs.clone(),
             node.judge(),
             Duration::from_secs(5),
             writer,
         );
+        Monitored {
+            _root: root,
+            node,
+            devices,
+            state,
+            monitor,
+        }
+    }
+
+    #[tokio::test]
+    async fn the_netns_mode_reaches_the_snapshot_on_each_rescan() {
+        let Monitored {
+            _root,
+            node,
+            state,
+            mut monitor,
+            ..
+        } = monitored_p4d();
         monitor.refresh().await;
         assert!(!state.current().netns_exclusive());
         node.set_rdma_netns_mode(Some("N")).unwrap();
@@ -722,6 +801,88 @@ mod tests {
         node.set_rdma_netns_mode(Some("Y")).unwrap();
         monitor.refresh().await;
         assert!(!state.current().netns_exclusive());
+    }
+
+    /// The rule through a monitor: one warning when the queue closes, none while it stays
+    /// closed whatever the count, Healthy again when the device is probed again (counters at 0).
+    #[tokio::test]
+    async fn an_efa_whose_admin_queue_closes_is_unhealthy_until_its_counter_reads_zero() {
+        let Monitored {
+            _root,
+            node,
+            devices,
+            state,
+            mut monitor,
+            ..
+        } = monitored_p4d();
+        let log = crate::testkit::log::Log::default();
+        let _capture = log.capture();
+        let failing = &devices[1];
+        let verdict = |state: &DeviceReader| {
+            let inventory = state.current();
+            let record = inventory.devices().find(|d| d.efa.ibdev == failing.ibdev);
+            record.unwrap().verdict.clone()
+        };
+        monitor.refresh().await;
+        assert_eq!(state.current().healthy_count(), 4);
+
+        node.set_device_counter(failing, "no_completion_cmds", 1)
+            .unwrap();
+        monitor.refresh().await;
+        assert_eq!(state.current().healthy_count(), 3);
+        assert_eq!(verdict(&state).cause, Some(Failure::AdminQueueClosed));
+        let reason = verdict(&state).reason.unwrap();
+        assert!(reason.contains("no_completion_cmds is 1"), "{reason}");
+
+        node.set_device_counter(failing, "no_completion_cmds", 4)
+            .unwrap();
+        monitor.refresh().await;
+        assert_eq!(verdict(&state).health, Health::Unhealthy);
+        let warnings = log.warnings();
+        assert_eq!(warnings.len(), 1, "{warnings:?}");
+        assert!(
+            warnings[0].contains("device unhealthy") && warnings[0].contains("admin queue"),
+            "{warnings:?}"
+        );
+
+        node.set_device_counter(failing, "no_completion_cmds", 0)
+            .unwrap();
+        monitor.refresh().await;
+        assert_eq!(verdict(&state), Verdict::healthy());
+        assert_eq!(state.current().healthy_count(), 4);
+    }
+
+    #[test]
+    fn the_admin_queue_rule_can_be_turned_off_and_leaves_other_causes_first() {
+        let root = tempfile::tempdir().unwrap();
+        let (node, devices) =
+            simulate::FakeNode::build(root.path(), simulate::Shape::P4d, simulate::Nodes::Files)
+                .unwrap();
+        for device in &devices[..2] {
+            node.set_device_counter(device, "no_completion_cmds", 2)
+                .unwrap();
+        }
+        node.remove_node(&devices[1]).unwrap();
+        let causes = |judge: &Judge| -> Vec<Option<Failure>> {
+            observe(&node.sysfs, DeviceIdStrategy::default(), judge)
+                .records
+                .into_iter()
+                .map(|record| record.verdict.cause)
+                .collect()
+        };
+        assert_eq!(
+            causes(&node.judge()),
+            [
+                Some(Failure::AdminQueueClosed),
+                Some(Failure::DeviceNode),
+                None,
+                None
+            ]
+        );
+        assert_eq!(
+            causes(&node.judge().checking_admin_queue(false)),
+            [None, Some(Failure::DeviceNode), None, None]
+        );
     }
 
     fn listed(state: &DeviceReader) -> Vec<(String, String, Health)> {
@@ -754,7 +915,9 @@ mod tests {
         node: simulate::FakeNode,
         devices: Vec<simulate::FakeDevice>,
         state: DeviceReader,
-        holdings: watch::Sender<Arc<Holdings>>,
+        holdings: Writer<Arc<Holdings>>,
+        /// What Allocate gave out lately.
+        given: Arc<Recent>,
         monitor: Monitor,
     }
 
@@ -769,15 +932,16 @@ mod tests {
             )
             .unwrap();
             let state = DeviceState::default();
-            let (holdings, view) = watch::channel(Arc::new(holding(held)));
+            let holdings = Writer::new(Arc::new(holding(held)));
             let (state, writer) = (state.reader(), state);
+            let given = Arc::new(Recent::new(crate::allocation::recent::WINDOW));
             let mut monitor = Monitor::new(
                 node.sysfs.clone(),
                 node.judge(),
                 Duration::from_secs(5),
                 writer,
             )
-            .with_holdings(view);
+            .with_holdings(holdings.reader(), Some(given.clone()));
             monitor.refresh().await;
             Renaming {
                 _root: root,
@@ -785,6 +949,7 @@ mod tests {
                 devices,
                 state,
                 holdings,
+                given,
                 monitor,
             }
         }
@@ -814,6 +979,23 @@ mod tests {
                 ("rdmap16s27".into(), "rdmap16s27".into(), healthy),
             ]
         );
+    }
+
+    /// A rename right after Allocate gave the EFA out, before PodResources lists the pod: the
+    /// ID it was given under stays, as it would for a pod PodResources lists.
+    #[tokio::test(start_paused = true)]
+    async fn a_rename_right_after_allocate_keeps_the_id_given_out() {
+        let mut at = Renaming::bottlerocket(&[]).await;
+        at.given.record(&["efa_2".to_owned()]);
+        at.rename(2, "rdmap144s27").await;
+        let ids: Vec<String> = listed(&at.state).into_iter().map(|(id, ..)| id).collect();
+        assert_eq!(ids, ["efa_0", "efa_1", "efa_2", "efa_3"]);
+
+        // Once the record forgets it, and PodResources never showed it held, it makes way.
+        tokio::time::sleep(crate::allocation::recent::WINDOW * 2).await;
+        at.monitor.refresh().await;
+        let ids: Vec<String> = listed(&at.state).into_iter().map(|(id, ..)| id).collect();
+        assert_eq!(ids, ["efa_0", "efa_1", "efa_3", "rdmap144s27"]);
     }
 
     /// `rdma dev set` while a pod holds the EFA: the kubelet keeps the old ID allocated, so the

@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
-use crate::state::{DeviceReader, Holdings, Inventory};
+use crate::state::{DeviceReader, Holdings, Inventory, Reader};
 
 /// One file that mirrors the snapshot.
 pub(crate) struct HostFile {
@@ -38,7 +38,7 @@ pub(crate) struct HostFile {
     pub keep_on_exit: Option<KeepOnExit>,
     /// The PodResources view, for a file that also names what pods hold: rendered again when
     /// it changes. Without it, renders see an empty view.
-    pub holdings: Option<watch::Receiver<Arc<Holdings>>>,
+    pub holdings: Option<Reader<Arc<Holdings>>>,
     /// Signals a change of something else the rendering reads, such as the extra device nodes
     /// the CDI spec names: rendered again at each signal, not only at the next device change.
     pub also: Option<Changes>,
@@ -97,7 +97,8 @@ struct OnDisk {
     tampered: bool,
 }
 
-/// What a rendering reads, and how `follow` learns that it changed.
+/// What a rendering reads, and how `follow` learns that it changed: the receivers it subscribed
+/// to the readers it was given, each of which remembers what the last render saw.
 struct Inputs {
     devices: watch::Receiver<Arc<Inventory>>,
     holdings: Option<watch::Receiver<Arc<Holdings>>>,
@@ -169,7 +170,7 @@ impl HostFile {
     ) {
         let mut inputs = Inputs {
             devices: state.subscribe(),
-            holdings: self.holdings.take(),
+            holdings: self.holdings.take().map(|view| view.subscribe()),
             also: self.also.take(),
             _sender: state,
         };

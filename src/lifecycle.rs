@@ -129,6 +129,7 @@ impl Lifecycle {
         let Some(watch) = self.watch_dir(&shutdown).await else {
             return Ok(());
         };
+        self.registration.send_modify(|s| s.listening = true);
         let mut turns = Turns {
             watch,
             churn: Churn::default(),
@@ -167,6 +168,10 @@ impl Lifecycle {
                 tracing::info!("a starting kubelet removed the plugin socket; serving it again");
                 return true;
             }
+            // The kubelet's socket went or was replaced between the look above and the dial:
+            // a starting kubelet removes every socket before it binds its own. No failure: the
+            // next turn waits for the new socket, or registers with it.
+            Attempt::Failed(_) if uds::identity(&self.kubelet_socket()) != kubelet => return true,
             Attempt::Failed(err) => {
                 let pause = turns.failures.failed(format!("{err:#}"));
                 return self
@@ -354,7 +359,7 @@ impl Lifecycle {
         let stop = CancellationToken::new();
         let hooks = Arc::new(StreamHooks::default());
         let service = PluginService {
-            devices: self.state.subscribe(),
+            devices: self.state.clone(),
             allocator: self.allocator.clone(),
             hooks: hooks.clone(),
             stop: stop.clone(),

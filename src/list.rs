@@ -19,6 +19,10 @@ struct Row<'a> {
     uverbs: &'a str,
     numa_node: Option<u32>,
     health: Health,
+    /// What kind of failure makes it Unhealthy (a `Failure` label), null while Healthy.
+    cause: Option<&'static str>,
+    /// Why it is Unhealthy, in words; null while Healthy.
+    reason: Option<&'a str>,
     /// The fully-qualified CDI names the device has (one per replica when shared), whichever
     /// strategy is configured; empty when the resource name is no valid CDI kind.
     cdi_devices: Vec<String>,
@@ -133,6 +137,8 @@ fn write_json(
             uverbs: &r.efa.uverbs,
             numa_node: r.efa.numa_node,
             health: r.verdict.health,
+            cause: r.verdict.cause.map(|cause| cause.label()),
+            reason: r.verdict.reason.as_deref(),
             cdi_devices: cdi_names(settings, kind, &r.efa.id),
         })
         .collect();

@@ -29,7 +29,7 @@ use crate::proto::deviceplugin::{
     PreferredAllocationResponse, TopologyInfo, UNHEALTHY,
     device_plugin_server::{DevicePlugin, DevicePluginServer, SERVICE_NAME},
 };
-use crate::state::{DeviceRecord, Inventory};
+use crate::state::{DeviceReader, DeviceRecord, Inventory};
 use crate::uds::ConnectionId;
 
 /// What the lifecycle learns from the streams of one generation.
@@ -146,7 +146,7 @@ impl Drop for StreamGuard {
 
 /// The service of one generation; [`server`] makes the gRPC server that answers for it.
 pub(crate) struct PluginService {
-    pub devices: watch::Receiver<Arc<Inventory>>,
+    pub devices: DeviceReader,
     pub allocator: Arc<Allocator>,
     pub hooks: Arc<StreamHooks>,
     /// Cancelled when this generation stops: streams end, so the server can shut down.
@@ -222,9 +222,21 @@ const CDI_BYTES_PER_ID: usize = 1050;
 /// same without holders (3.9 MiB in the worst of three runs: 30 to 106 bytes per ID).
 const HELD_BYTES_PER_ID: usize = 160;
 
+/// What the record of IDs Allocate gave out lately (`allocation::recent`) holds at its peak,
+/// with every ID given out within its window: a time per ID, 16 bytes, as many as the highest
+/// replica given out of each EFA (sized exactly)...
+const RECENT_BYTES_PER_ID: usize = 16;
+
+/// ...and per EFA, an entry naming it once: measured (glibc's `mallinfo2`, 1,780 EFAs given
+/// out in random order) at 195 bytes with a 63-character name unshared, 249 with 2 replicas
+/// (the replicas' times included); plus the set of EFA IDs the health monitor reads from it,
+/// 105 bytes each with that name.
+const RECENT_BYTES_PER_EFA: usize = 340;
+
 /// Refuses a sharing count under which the device list of `inventory` could exceed
 /// [`KUBELET_MESSAGE_LIMIT`], or the memory it takes at its peak (in cdi mode, with the spec
-/// writer's; with every ID held, the PodResources view's) the pod's limit. Sized for the worst
+/// writer's; with every ID held, the PodResources view's; with every ID given out lately, the
+/// record of them) the pod's limit. Sized for the worst
 /// case, every ID `Unhealthy` (the longest health), so no health change can push a list that
 /// passed over either. The reason starts with the count, for the caller to name the setting.
 pub(crate) fn check_sharing_fits(
@@ -239,9 +251,11 @@ pub(crate) fn check_sharing_fits(
         }))
     };
     let memory = |sharing: Sharing| {
-        let ids = inventory.devices().len() * sharing.replicas.get() as usize;
+        let efas = inventory.devices().len();
+        let ids = efas * sharing.replicas.get() as usize;
         let spec = if cdi { ids * CDI_BYTES_PER_ID } else { 0 };
-        BASE_MEMORY + LIST_COPIES * size(sharing) + spec + ids * HELD_BYTES_PER_ID
+        let recent = efas * RECENT_BYTES_PER_EFA + ids * RECENT_BYTES_PER_ID;
+        BASE_MEMORY + LIST_COPIES * size(sharing) + spec + ids * HELD_BYTES_PER_ID + recent
     };
     let fits = |sharing: Sharing| {
         size(sharing) <= KUBELET_MESSAGE_LIMIT && memory(sharing) <= LIST_MEMORY_BUDGET
@@ -497,7 +511,7 @@ impl PluginServer {
             )));
         }
         Ok(ListBody {
-            devices: WatchStream::new(service.devices.clone()),
+            devices: WatchStream::new(service.devices.subscribe()),
             lists: self.lists.clone(),
             sent: None,
             stopped: Box::pin(service.stop.clone().cancelled_owned()),
@@ -622,7 +636,7 @@ mod tests {
             crate::allocation::FoundNodes::none(),
         );
         let service = Arc::new(PluginService {
-            devices: watch::channel(dense).1,
+            devices: crate::state::Writer::new(dense).reader(),
             allocator: Arc::new(
                 Allocator::new(Box::new(crate::allocation::DeviceSpecs), contributors)
                     .with_sharing(sharing),
@@ -668,6 +682,15 @@ mod tests {
         // would take about 6 MiB more than the pod's share has left.
         let refused =
             check_sharing_fits(&inventory(Shape::Dense(540)), shared(64), true).unwrap_err();
+        assert!(refused.contains("in cdi mode need about"), "{refused}");
+    }
+
+    #[test]
+    fn the_budget_counts_the_record_of_ids_given_out_lately() {
+        // 494 EFAs at 64 replicas in cdi mode fit by 0.3 MiB without the record; with every ID
+        // given out within its window it takes 0.6 MiB more.
+        let refused =
+            check_sharing_fits(&inventory(Shape::Dense(494)), shared(64), true).unwrap_err();
         assert!(refused.contains("in cdi mode need about"), "{refused}");
     }
 

@@ -36,10 +36,50 @@ impl fmt::Display for Health {
     }
 }
 
-/// A device's health and, when unhealthy, why.
+/// What kind of failure makes a device Unhealthy: a closed set, so a metric labelled with it
+/// has a bounded number of series, where the reason's text names paths and values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Failure {
+    /// Its uverbs node is missing, cannot be read, or is not the character device sysfs names.
+    DeviceNode,
+    /// Its sysfs entry could not be read, fully or in time.
+    Unreadable,
+    /// It left sysfs or its driver.
+    Vanished,
+    /// An EFA DRA driver is registered on the node, so every device is withheld.
+    DraConflict,
+    /// The driver closed its admin queue: see `health::admin_queue`.
+    AdminQueueClosed,
+}
+
+impl Failure {
+    /// Every cause, in label order.
+    pub const ALL: [Failure; 5] = [
+        Failure::AdminQueueClosed,
+        Failure::DeviceNode,
+        Failure::DraConflict,
+        Failure::Unreadable,
+        Failure::Vanished,
+    ];
+
+    /// The label value metrics and `list --output json` show.
+    pub fn label(self) -> &'static str {
+        match self {
+            Failure::DeviceNode => "device_node",
+            Failure::Unreadable => "unreadable",
+            Failure::Vanished => "vanished",
+            Failure::DraConflict => "dra_conflict",
+            Failure::AdminQueueClosed => "admin_queue_closed",
+        }
+    }
+}
+
+/// A device's health and, when unhealthy, its cause and why in words.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Verdict {
     pub health: Health,
+    pub cause: Option<Failure>,
     pub reason: Option<String>,
 }
 
@@ -47,13 +87,15 @@ impl Verdict {
     pub fn healthy() -> Self {
         Verdict {
             health: Health::Healthy,
+            cause: None,
             reason: None,
         }
     }
 
-    pub fn unhealthy(reason: impl Into<String>) -> Self {
+    pub fn unhealthy(cause: Failure, reason: impl Into<String>) -> Self {
         Verdict {
             health: Health::Unhealthy,
+            cause: Some(cause),
             reason: Some(reason.into()),
         }
     }
@@ -84,6 +126,9 @@ pub struct Inventory {
     conflict: Option<Conflict>,
     /// The RDMA subsystem hides the EFAs from every network namespace but the host's.
     netns_exclusive: bool,
+    /// PCI address -> the ID an earlier run of the plugin advertised it under, for a device this
+    /// run has not seen yet: a renamed EFA whose old ID a pod may hold keeps it across restarts.
+    remembered: BTreeMap<String, String>,
 }
 
 /// A DRA driver registered on the node that allocates the same EFAs, and why that withholds
@@ -100,7 +145,7 @@ impl Conflict {
     pub(crate) fn withhold(&self, record: &DeviceRecord) -> DeviceRecord {
         DeviceRecord {
             efa: record.efa.clone(),
-            verdict: Verdict::unhealthy(self.reason.clone()),
+            verdict: Verdict::unhealthy(Failure::DraConflict, self.reason.clone()),
         }
     }
 }
@@ -181,6 +226,7 @@ impl Inventory {
             observed,
             conflict,
             netns_exclusive: false,
+            remembered: BTreeMap::new(),
         }
     }
 
@@ -214,7 +260,7 @@ impl Inventory {
             .values()
             .map(|record| (record.efa.pci_address.as_str(), record))
             .collect();
-        let named = name_devices(observed, &by_pci, &held);
+        let named = name_devices(observed, &by_pci, &self.remembered, &held);
         let mut next = BTreeMap::new();
         let mut changes = Vec::new();
         let mut seen_pci = std::collections::BTreeSet::new();
@@ -245,9 +291,9 @@ impl Inventory {
                 continue;
             }
             let verdict = match unreadable.get(&old.efa.ibdev) {
-                Some(reason) => Verdict::unhealthy(reason.clone()),
+                Some(reason) => Verdict::unhealthy(Failure::Unreadable, reason.clone()),
                 None if !complete => old.verdict.clone(),
-                None => Verdict::unhealthy(VANISHED),
+                None => Verdict::unhealthy(Failure::Vanished, VANISHED),
             };
             let gone = DeviceRecord {
                 efa: old.efa.clone(),
@@ -263,6 +309,7 @@ impl Inventory {
         }
         let next = Inventory {
             netns_exclusive: self.netns_exclusive,
+            remembered: self.remembered.clone(),
             ..Inventory::with(next, self.conflict.clone())
         };
         (next, changes)
@@ -273,15 +320,20 @@ impl Inventory {
 /// a pod holds keeps it; every other device takes the name the scan found, unless a device kept
 /// that name, then its own earlier ID, then its PCI address (an ID no ibdev name collides with,
 /// as names with `:` are not made by the kernel): a device whose name moved keeps being served.
+/// A device's earlier ID is the one this run listed it under, or else the one an earlier run
+/// did (`remembered`).
 fn name_devices(
     observed: Vec<DeviceRecord>,
     by_pci: &BTreeMap<&str, &DeviceRecord>,
+    remembered: &BTreeMap<String, String>,
     held: &Held,
 ) -> Vec<DeviceRecord> {
     let earlier = |record: &DeviceRecord| {
+        let pci = record.efa.pci_address.as_str();
         by_pci
-            .get(record.efa.pci_address.as_str())
+            .get(pci)
             .map(|old| old.efa.id.clone())
+            .or_else(|| remembered.get(pci).cloned())
     };
     let kept = |record: &DeviceRecord| {
         earlier(record).filter(|old| *old != record.efa.id && held.holds(old))
@@ -301,7 +353,7 @@ fn name_devices(
             .find(|id| taken.insert(id.clone())),
         };
         // Only a device whose name, earlier ID and PCI address are all taken is left out: two
-        // entries of one PCI function, which the kernel never makes.
+        // records of one PCI function, which discovery never gives (it keeps one entry each).
         if let Some(id) = id {
             record.efa.id = id;
             named.push(record);
@@ -383,23 +435,44 @@ pub struct ForeignHold {
 }
 
 /// One device that containers of two or more pods hold at once: the kubelet gave one ID out
-/// twice (kubernetes PR #137534), or two allocators gave out one EFA.
+/// twice (kubernetes PR #137534), two allocators gave out one EFA, or its replica IDs outlived
+/// a change of the sharing count.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct DoubleBooking {
     /// The EFA's advertised device id; under sharing, with the replica suffix held.
     pub device: String,
-    /// The pods holding it, as (namespace, name), sorted; at least two.
-    pub pods: Vec<(String, String)>,
+    /// The pods holding it, as (namespace, name), sorted; at least two. Shared with the
+    /// detector's record of the answers, so a booking that lasts is not copied at each poll.
+    pub pods: Vec<Arc<(String, String)>>,
+    pub cause: Cause,
+}
+
+/// How the pods of a [`DoubleBooking`] came to hold one device.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Cause {
+    /// The kubelet gave the device to two pods: one ID, or the EFA under its two names.
+    Kubelet,
+    /// Without sharing, the pods hold different IDs of the EFA, replica IDs among them, which
+    /// the plugin gave out while it shared the EFA under another count: the kubelet counts each
+    /// ID as a device of its own. It lasts as long as those pods.
+    SharingChanged {
+        /// The replica IDs held, sorted: the first few.
+        ids: Vec<String>,
+        /// How many replica IDs are held in all.
+        held: usize,
+    },
 }
 
 /// Who holds which EFA, as the kubelet's PodResources API last said. Written by the background
 /// poller alone, so nothing on the Allocate path waits on the kubelet.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Holdings {
-    /// Whether this is what the kubelet said: its last answer, or one kept over failed polls.
+    /// Whether this is what the kubelet said: its last answer, or one kept over failed polls
+    /// for a bounded time ([`crate::holdings::STALE_LIMIT`]). Not known: the kubelet has not
+    /// answered yet, or not for longer than that; the holders are then the last known ones
+    /// (none if it never answered), and any ID may be held.
     pub known: bool,
-    /// Whether the kubelet failed to answer since: the view is its last good answer, kept for
-    /// a bounded time ([`crate::holdings::STALE_LIMIT`]).
+    /// Whether the kubelet failed to answer since its last good answer, which the view is.
     pub stale: bool,
     /// Advertised device id → the containers holding it, under its own ID or a foreign one.
     pub holders: Holders,
@@ -454,6 +527,9 @@ impl Holdings {
 /// Written by the lifecycle alone.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Registration {
+    /// The device-plugin dir is watched: a kubelet's socket appearing is registered with at
+    /// once. What a service manager that orders the kubelet after the plugin waits for.
+    pub listening: bool,
     pub registered: bool,
     pub open_streams: usize,
     pub registrations: u64,
@@ -489,6 +565,8 @@ pub struct StatusReader {
 impl StatusReader {
     pub fn current(&self) -> PluginStatus {
         let Registration {
+            // The service manager's readiness notice alone waits for it.
+            listening: _,
             registered,
             open_streams,
             registrations,
@@ -642,6 +720,17 @@ impl DeviceState {
         changes
     }
 
+    /// Takes the IDs an earlier run advertised, by PCI address, for the devices this run has not
+    /// listed yet: a held one stays a renamed device's ID, as a rename seen while running does.
+    pub fn remember(&self, by_pci: BTreeMap<String, String>) {
+        self.writer.send_modify(|current| {
+            *current = Arc::new(Inventory {
+                remembered: by_pci,
+                ..(**current).clone()
+            });
+        });
+    }
+
     /// Records the RDMA subsystem's network-namespace mode; returns whether that changed.
     pub fn set_netns_exclusive(&self, exclusive: bool) -> bool {
         self.writer.send_if_modified(|current| {
@@ -723,7 +812,7 @@ mod tests {
         let (state, guard) = DeviceState::with_conflict_writer();
         state.apply(vec![
             record("a", Verdict::healthy()),
-            record("b", Verdict::unhealthy("node missing")),
+            record("b", Verdict::unhealthy(Failure::DeviceNode, "node missing")),
         ]);
         assert!(guard.set_conflict(conflict("dra.net owns the EFAs")));
         let inventory = state.current();
@@ -757,7 +846,10 @@ mod tests {
                 .apply(vec![record("a", Verdict::healthy())])
                 .is_empty()
         );
-        let changes = state.apply(vec![record("a", Verdict::unhealthy("gone"))]);
+        let changes = state.apply(vec![record(
+            "a",
+            Verdict::unhealthy(Failure::DeviceNode, "gone"),
+        )]);
         assert!(matches!(changes.as_slice(), [Change::Health { .. }]));
         assert_eq!(state.current().healthy_count(), 0);
         guard.set_conflict(None);
@@ -778,7 +870,7 @@ mod tests {
         assert_eq!(changes.len(), 1);
         let current = state.current();
         let b = current.get("b").unwrap();
-        assert_eq!(b.verdict, Verdict::unhealthy(VANISHED));
+        assert_eq!(b.verdict, Verdict::unhealthy(Failure::Vanished, VANISHED));
         assert_eq!(current.healthy_count(), 1);
         assert_eq!(current.devices().len(), 2);
 
@@ -815,7 +907,7 @@ mod tests {
         let current = state.current();
         assert_eq!(
             current.get("b").unwrap().verdict,
-            Verdict::unhealthy("dev: a FIFO")
+            Verdict::unhealthy(Failure::Unreadable, "dev: a FIFO")
         );
         assert!(
             current.get("c").unwrap().is_healthy(),
@@ -829,7 +921,7 @@ mod tests {
         });
         assert_eq!(
             state.current().get("c").unwrap().verdict,
-            Verdict::unhealthy(VANISHED)
+            Verdict::unhealthy(Failure::Vanished, VANISHED)
         );
     }
 
@@ -972,7 +1064,10 @@ mod tests {
         reader.borrow_and_update();
         state.apply(vec![record("a", Verdict::healthy())]);
         assert!(!reader.has_changed().unwrap());
-        state.apply(vec![record("a", Verdict::unhealthy("node missing"))]);
+        state.apply(vec![record(
+            "a",
+            Verdict::unhealthy(Failure::DeviceNode, "node missing"),
+        )]);
         assert!(reader.has_changed().unwrap());
     }
 }

@@ -241,6 +241,44 @@ async fn spec_follows_the_devices_and_outlives_a_plugin_that_cannot_tell_who_nee
     assert!(h.plugin_log().contains("keeping the CDI spec"));
 }
 
+/// Starts a cdi-mode plugin with PCI IDs on a node whose kubelet says a pod holds
+/// `rdmap16s27` (an ibdev name: the AWS plugin's, or this one's other ID strategy's), and waits
+/// until the spec names it; the kubelet's PodResources stand-in and the plugin's flags.
+async fn pci_ids_while_a_pod_holds_rdmap16s27(h: &mut Harness) -> (PodResourcesStub, Vec<String>) {
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let holder = pod("ml", "trainer-0", "main", RESOURCE, &["rdmap16s27"]);
+    let kubelet = PodResourcesStub::start(&socket, vec![holder]).unwrap();
+    let dir = spec_dir(h).display().to_string();
+    let args: Vec<String> = [
+        "--device-list-strategy",
+        "cdi",
+        "--cdi-spec-dir",
+        &dir,
+        "--device-id-strategy",
+        "pci",
+    ]
+    .map(str::to_owned)
+    .into();
+    h.spawn_plugin(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    h.registered().await;
+    eventually("the held name in the spec", || {
+        read_spec(h).is_some_and(|spec| spec_names(&spec).contains(&"rdmap16s27".to_owned()))
+    })
+    .await;
+    (kubelet, args)
+}
+
+/// Stops the plugin with SIGTERM, waited for off the runtime thread: the PodResources
+/// stand-in on it must answer the plugin's last question.
+async fn terminate(mut h: Harness) -> (Harness, std::process::ExitStatus) {
+    tokio::task::spawn_blocking(move || {
+        let (status, _) = h.terminate_plugin();
+        (h, status)
+    })
+    .await
+    .unwrap()
+}
+
 /// A node switched from ibdev to PCI IDs while a pod held `rdmap16s27`: the restarted plugin's
 /// spec still resolves that name, to the same node, so the pod's container can restart; once
 /// the pod is gone, the name goes too.
@@ -248,24 +286,7 @@ async fn spec_follows_the_devices_and_outlives_a_plugin_that_cannot_tell_who_nee
 async fn the_spec_keeps_the_names_pods_hold_across_an_id_strategy_switch() {
     let mut h = Harness::new(Shape::P4d);
     let socket = h.root.path().join("pod-resources/kubelet.sock");
-    let holder = pod("ml", "trainer-0", "main", RESOURCE, &["rdmap16s27"]);
-    let kubelet = PodResourcesStub::start(&socket, vec![holder]).unwrap();
-    let dir = spec_dir(&h).display().to_string();
-    h.spawn_plugin(&[
-        "--device-list-strategy",
-        "cdi",
-        "--cdi-spec-dir",
-        &dir,
-        "--device-id-strategy",
-        "pci",
-        "--rescan-interval",
-        "200ms",
-    ]);
-    h.registered().await;
-    eventually("the held name in the spec", || {
-        read_spec(&h).is_some_and(|spec| spec_names(&spec).contains(&"rdmap16s27".to_owned()))
-    })
-    .await;
+    let (kubelet, _) = pci_ids_while_a_pod_holds_rdmap16s27(&mut h).await;
     let spec = read_spec(&h).unwrap();
     let nodes = |name: &str| {
         spec["devices"]
@@ -288,6 +309,30 @@ async fn the_spec_keeps_the_names_pods_hold_across_an_id_strategy_switch() {
     .await;
 }
 
+/// A plugin restarted while the kubelet's PodResources does not answer yet keeps the held
+/// foreign names of the spec the earlier run kept: a container restarted in that window must
+/// still resolve its CDI name.
+#[tokio::test]
+async fn a_restarted_plugin_keeps_the_kept_specs_held_names_until_the_kubelet_answers() {
+    let mut h = Harness::new(Shape::P4d);
+    let (kubelet, args) = pci_ids_while_a_pod_holds_rdmap16s27(&mut h).await;
+    let held = "rdmap16s27".to_owned();
+    let (mut h, status) = terminate(h).await;
+    assert!(status.success());
+
+    kubelet.stall();
+    h.spawn_plugin(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    h.registered().await;
+    // The first write happens before registration; several polls go unanswered since.
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    let names = spec_names(&read_spec(&h).unwrap());
+    assert!(names.contains(&held), "{names:?}");
+    assert_eq!(names.len(), 5, "{names:?}");
+    kubelet.recover();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(spec_names(&read_spec(&h).unwrap()).contains(&held));
+}
+
 /// Stops a cdi-mode plugin whose kubelet says `holders` hold EFAs, and tells whether the spec
 /// is left behind.
 async fn spec_left_after_sigterm(holders: Vec<PodResources>) -> bool {
@@ -298,14 +343,7 @@ async fn spec_left_after_sigterm(holders: Vec<PodResources>) -> bool {
     h.spawn_plugin(&["--device-list-strategy", "cdi", "--cdi-spec-dir", &dir]);
     h.registered().await;
     eventually("the spec", || read_spec(&h).is_some()).await;
-    // Waited for off the runtime thread: the PodResources stand-in on it must answer the
-    // plugin's last question.
-    let (h, (status, _)) = tokio::task::spawn_blocking(move || {
-        let stopped = h.terminate_plugin();
-        (h, stopped)
-    })
-    .await
-    .unwrap();
+    let (h, status) = terminate(h).await;
     assert!(status.success());
     spec_dir(&h).join(SPEC_FILE).exists()
 }

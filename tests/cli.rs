@@ -115,6 +115,37 @@ fn assert_refused(args: &[&str], env: &[(&str, &str)], line: &str) {
     assert_one_line_error(result, &[line]);
 }
 
+/// A health rule turned off by a typo would leave `/healthz` green while the check is off: each
+/// health setting's bad value stops the start, naming the flag, variable or file key.
+#[test]
+fn a_bad_health_setting_stops_the_start_naming_it() {
+    assert_refused(
+        &["--admin-queue-health", "maybe", "config"],
+        &[],
+        "error: --admin-queue-health: invalid value \"maybe\": use true or false",
+    );
+    assert_refused(
+        &["config"],
+        &[("EFA_DP_ADMIN_QUEUE_HEALTH", "enabled")],
+        "error: EFA_DP_ADMIN_QUEUE_HEALTH: invalid value \"enabled\": use true or false",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "admin-queue-health: 2\n");
+    assert_refused(
+        &["--config", &config, "config"],
+        &[],
+        "admin-queue-health: invalid value \"2\": use true or false",
+    );
+    assert_refused(
+        &["config"],
+        &[("EFA_DP_RESCAN_INTERVAL", "0s")],
+        "error: EFA_DP_RESCAN_INTERVAL: invalid duration \"0s\": must be at least 100ms",
+    );
+    let (code, stdout, stderr) = run_binary(&["--admin-queue-health=false", "config"], &[]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("admin-queue-health: false"), "{stdout}");
+}
+
 #[test]
 fn missing_config_file_is_named() {
     assert_one_line_error(
@@ -439,6 +470,126 @@ fn a_log_level_that_names_no_level_is_refused_naming_where_it_came_from() {
     }
 }
 
+/// The logger keeps the spaces around a directive, while the check trimmed them: ` info` passed
+/// and was read as a target named " info", so the plugin logged nothing at all. Each source's
+/// text is now trimmed once, shown so by `config`, and the plugin logs at the level it names.
+#[tokio::test]
+async fn a_log_level_with_spaces_around_it_logs_at_that_level_from_flag_variable_or_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "log-level: \"warn, efa_device_plugin=info \"\n");
+    let by_flag = ["--log-level", " info"];
+    let by_file = ["--config", config.as_str()];
+    for (args, env, stored) in [
+        (&by_flag[..], None, "info"),
+        (&[][..], Some(("EFA_DP_LOG_LEVEL", "info ")), "info"),
+        (&by_file[..], None, "warn,efa_device_plugin=info"),
+    ] {
+        let env: Vec<(&str, &str)> = env.into_iter().collect();
+        let (code, stdout, stderr) = run_binary(&[args, &["config"]].concat(), &env);
+        assert_eq!(code, 0, "{args:?} {env:?}: {stderr}");
+        let effective: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+        assert_eq!(effective["log-level"], stored, "{args:?} {env:?}");
+
+        let mut h = support::Harness::new(Shape::P4d);
+        h.spawn_plugin_with(args, |command| {
+            command.envs(env.iter().copied());
+        });
+        // Logged at info by the plugin's own target.
+        h.registered_and_logged().await;
+    }
+}
+
+#[test]
+fn a_log_level_with_a_space_inside_is_refused_naming_where_it_came_from() {
+    let level = "efa_device_plugin =debug";
+    let problem = format!(
+        "invalid log level {level:?}: {level:?} has a space inside, which the logger would read \
+         as part of a target or level"
+    );
+    assert_refused(
+        &["--log-level", level, "config"],
+        &[],
+        &format!("error: --log-level: {problem}"),
+    );
+    assert_refused(
+        &["config"],
+        &[("EFA_DP_LOG_LEVEL", level)],
+        &format!("error: EFA_DP_LOG_LEVEL: {problem}"),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), &format!("log-level: {level}\n"));
+    assert_refused(
+        &["--config", &config, "config"],
+        &[],
+        &format!("error: config file {config}: log-level: {problem}"),
+    );
+}
+
+/// RUST_LOG was read by the logger alone, unchecked: `RUST_LOG=warnn` started a plugin that
+/// logged nothing, while `--log-level warnn` exited 2. It is now read with the settings.
+#[test]
+fn a_bad_rust_log_stops_the_start_with_one_line_naming_it() {
+    let line = "error: RUST_LOG: invalid log level \"warnn\": \"warnn\" names no level";
+    assert_refused(&["config"], &[("RUST_LOG", "warnn")], line);
+
+    // The plugin itself exits at once, before it touches the node or the kubelet's dirs.
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).display().to_string();
+    let (plugins, registry, pod_resources) = (
+        path("device-plugins"),
+        path("plugins_registry"),
+        path("pod-resources.sock"),
+    );
+    let (sysfs, dev) = (path("sys"), path("dev"));
+    let args = [
+        "--device-plugin-dir",
+        &plugins,
+        "--plugins-registry-dir",
+        &registry,
+        "--pod-resources-socket",
+        &pod_resources,
+        "--sysfs-root",
+        &sysfs,
+        "--dev-root",
+        &dev,
+        "--metrics-address",
+        "",
+    ];
+    let mut plugin = binary_command(&args, &[("RUST_LOG", "warnn")])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + support::TIMEOUT;
+    let status = loop {
+        if let Some(status) = plugin.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            plugin.kill().unwrap();
+            plugin.wait().unwrap();
+            panic!("the plugin ran on with RUST_LOG=warnn");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut plugin.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert_eq!(status.code(), Some(2), "{stderr}");
+    assert_one_line_error((2, String::new(), stderr), &[line]);
+}
+
+#[test]
+fn rust_log_is_trimmed_like_the_log_level_and_wins_unless_empty() {
+    let level = |env: &[(&str, &str)]| {
+        let (code, stdout, stderr) = run_binary(&["--log-level", "warn", "config"], env);
+        assert_eq!(code, 0, "{env:?}: {stderr}");
+        let effective: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+        effective["log-level"].as_str().unwrap().to_owned()
+    };
+    assert_eq!(level(&[("RUST_LOG", " debug")]), "debug");
+    assert_eq!(level(&[("RUST_LOG", "")]), "warn", "empty, as unset");
+}
+
 #[test]
 fn bad_log_format_is_named() {
     assert_one_line_error(run_binary(&["--log-format", "xml"], &[]), &["--log-format"]);
@@ -500,6 +651,8 @@ fn list_json_has_exactly_the_documented_keys() {
         "uverbs",
         "numa_node",
         "health",
+        "cause",
+        "reason",
         "cdi_devices",
     ];
     expected.sort();
@@ -512,6 +665,8 @@ fn list_json_has_exactly_the_documented_keys() {
     assert_eq!(rows[0]["uverbs"], "uverbs0");
     assert_eq!(rows[0]["numa_node"], serde_json::Value::Null);
     assert_eq!(rows[0]["health"], "Healthy");
+    assert_eq!(rows[0]["cause"], serde_json::Value::Null);
+    assert_eq!(rows[0]["reason"], serde_json::Value::Null);
     assert_eq!(
         rows[0]["cdi_devices"],
         serde_json::json!(["vpc.amazonaws.com/efa=rdmap0s28"])
@@ -533,6 +688,42 @@ fn list_table_shows_pci_identity_and_reasons() {
         lines[2].contains("Unhealthy") && lines[2].contains("missing"),
         "{stdout}"
     );
+}
+
+/// `list` judges as the running plugin does: an EFA whose admin queue the driver closed is
+/// Unhealthy with its reason, in the table and in the JSON, and not with the rule off.
+#[test]
+fn list_shows_a_closed_admin_queue_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let (node, devices) = FakeNode::build(dir.path(), Shape::P4d, node_kind()).unwrap();
+    node.set_device_counter(&devices[3], "no_completion_cmds", 3)
+        .unwrap();
+    let (code, stdout, stderr) = run_on(&node, &["list"]);
+    assert_eq!(code, 0, "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 5, "{stdout}");
+    assert!(
+        lines[4].contains(&devices[3].ibdev)
+            && lines[4].contains("Unhealthy")
+            && lines[4].contains("the driver closed its admin queue")
+            && lines[4].contains("hw_counters/no_completion_cmds is 3"),
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("Unhealthy").count(), 1, "{stdout}");
+
+    let (code, stdout, stderr) = run_on(&node, &["list", "--output", "json"]);
+    assert_eq!(code, 0, "{stderr}");
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout).unwrap();
+    let row = &rows[3];
+    assert_eq!(row["ibdev"], devices[3].ibdev.as_str());
+    assert_eq!(row["health"], "Unhealthy");
+    assert_eq!(row["cause"], "admin_queue_closed");
+    let reason = row["reason"].as_str().unwrap();
+    assert!(reason.contains("no_completion_cmds is 3"), "{reason}");
+
+    let (code, stdout, _) = run_on(&node, &["--admin-queue-health=false", "list"]);
+    assert_eq!(code, 0);
+    assert!(!stdout.contains("Unhealthy"), "{stdout}");
 }
 
 #[test]
@@ -677,6 +868,88 @@ fn list_shows_both_names_whichever_the_strategy() {
         by_pci[0]["cdi_devices"],
         serde_json::json!(["vpc.amazonaws.com/efa=0000:10:1b.0"])
     );
+}
+
+/// The DRA guard matches names exactly against the registration sockets, `<driver>-reg.sock`:
+/// an empty list, the socket's own name, `DRA.NET` or `dra.net.` were accepted, and the guard
+/// was off without a word.
+#[test]
+fn dra_driver_names_the_guard_cannot_match_are_refused_naming_where_they_came_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_name = "a DRA driver's name is a lowercase DNS subdomain of at most 63 characters";
+    for (bad, problem) in [
+        (
+            "dra.net-reg.sock",
+            "that is a registration socket's name (<driver>-reg.sock); give the driver's name",
+        ),
+        ("DRA.NET", not_a_name),
+        ("dra.net.", not_a_name),
+    ] {
+        let why = format!("invalid driver name {bad:?}: {problem}");
+        assert_refused(
+            &["--dra-drivers", bad, "config"],
+            &[],
+            &format!("error: --dra-drivers: {why}"),
+        );
+        assert_refused(
+            &["config"],
+            &[("EFA_DP_DRA_DRIVERS", &format!("dra.net,{bad}"))],
+            &format!("error: EFA_DP_DRA_DRIVERS: {why}"),
+        );
+        let config = write_config(dir.path(), &format!("dra-drivers: [dra.net, \"{bad}\"]\n"));
+        assert_refused(
+            &["--config", &config, "config"],
+            &[],
+            &format!("error: config file {config}: dra-drivers: {why}"),
+        );
+    }
+    let none = "no driver names, which would leave the DRA-conflict guard watching for none; \
+                name the EFA DRA drivers, or turn the guard off with --allow-dra-coexistence";
+    assert_refused(
+        &["--dra-drivers", "", "config"],
+        &[],
+        &format!("error: --dra-drivers: {none}"),
+    );
+    // A templated variable left empty.
+    assert_refused(
+        &["config"],
+        &[("EFA_DP_DRA_DRIVERS", "")],
+        &format!("error: EFA_DP_DRA_DRIVERS: {none}"),
+    );
+    let config = write_config(dir.path(), "dra-drivers: []\n");
+    assert_refused(
+        &["--config", &config, "config"],
+        &[],
+        &format!("error: config file {config}: dra-drivers: {none}"),
+    );
+}
+
+#[test]
+fn the_default_drivers_a_valid_list_and_none_with_coexistence_allowed_are_kept() {
+    let drivers = |args: &[&str], env: &[(&str, &str)]| {
+        let (code, stdout, stderr) = run_binary(&[args, &["config"]].concat(), env);
+        assert_eq!(code, 0, "{args:?} {env:?}: {stderr}");
+        let effective: serde_yaml::Value = serde_yaml::from_str(&stdout).unwrap();
+        serde_yaml::from_value::<Vec<String>>(effective["dra-drivers"].clone()).unwrap()
+    };
+    assert_eq!(
+        drivers(&[], &[]),
+        ["dra.net", "dra.networking.k8s.aws"],
+        "the defaults"
+    );
+    assert_eq!(
+        drivers(&["--dra-drivers", "dra.net, efa-dra.example.com"], &[]),
+        ["dra.net", "efa-dra.example.com"]
+    );
+    // With the guard off, no driver needs naming.
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "dra-drivers: []\nallow-dra-coexistence: true\n");
+    assert!(drivers(&["--config", &config], &[]).is_empty());
+    let env = [
+        ("EFA_DP_DRA_DRIVERS", ""),
+        ("EFA_DP_ALLOW_DRA_COEXISTENCE", "true"),
+    ];
+    assert!(drivers(&[], &env).is_empty());
 }
 
 #[test]

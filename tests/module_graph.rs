@@ -1,8 +1,9 @@
 //! The architecture invariants that can be read from the source (ARCHITECTURE.md lists them):
 //! modules at every depth depend on each other in one direction only; the product never reaches
 //! into the test kit, apart from the demo; Allocate does no I/O; only `config` names host paths;
-//! each snapshot has one writing module; no domain module imports `config`. A change that breaks one fails here,
-//! named, before anyone has to untangle it.
+//! each snapshot has one writing module, and no other module holds a raw `watch` channel; no
+//! domain module imports `config`. A change that breaks one fails here, named, before anyone has
+//! to untangle it.
 //!
 //! A module is a path such as `telemetry::fds`. Its non-test code names another module through
 //! `crate::`, `super::`, `self::` or the name of one of its own submodules; the name resolves to
@@ -104,7 +105,7 @@ fn only_config_names_host_paths() {
 /// Each snapshot's writers, none of them `Clone`, and the modules that may name them: the one
 /// module that writes through it, `app`, which creates it and hands it over, and `state`, which
 /// defines the device snapshot's two writers (one per input) and the generic `Writer<T>`.
-const WRITERS: [(&str, &[&str]); 6] = [
+const WRITERS: [(&str, &[&str]); 7] = [
     // Wrapped by the device snapshot's two writers below, which alone reach it.
     ("Writer<Arc<Inventory>>", &["state"]),
     ("DeviceState", &["app", "health", "state"]),
@@ -112,6 +113,7 @@ const WRITERS: [(&str, &[&str]); 6] = [
     ("Writer<Registration>", &["app", "lifecycle"]),
     ("Writer<Competition>", &["app", "competitor"]),
     ("Writer<Arc<Holdings>>", &["app", "holdings"]),
+    ("Writer<Arc<[DeviceNode]>>", &["app", "extra_nodes"]),
 ];
 
 /// One writing module per snapshot: a writer is named only where [`WRITERS`] says, and every
@@ -143,6 +145,144 @@ fn each_snapshot_has_one_writing_module() {
                 &named[..named.len().min(40)]
             );
         }
+    }
+}
+
+/// The modules that may name tokio's `watch` anywhere, and why.
+const RAW_WATCH_MODULES: [(&str, &str); 2] = [
+    (
+        "state",
+        "the snapshots' own channel, which Writer and Reader wrap",
+    ),
+    (
+        TEST_KIT,
+        "test code: the stand-in kubelet's record of what the plugin told it",
+    ),
+];
+
+/// The sites, as the code reads them (whitespace aside), where another module may name tokio's
+/// `watch`, and why.
+const RAW_WATCH_SITES: [(&str, &str, &[&str]); 2] = [
+    (
+        "service",
+        "the per-generation stream hooks: signals, not snapshots, that one generation's streams \
+         raise and its lifecycle awaits; the senders are private, so only `service` writes them",
+        &[
+            "use tokio::sync::{Notify, watch};",
+            "open: watch::Sender<usize>,",
+            "kubelet_stream: watch::Sender<bool>,",
+            "fn open_streams(&self) -> watch::Receiver<usize>",
+            "fn kubelet_stream(&self) -> watch::Receiver<bool>",
+        ],
+    ),
+    (
+        "hostfile",
+        "the receivers `follow` subscribes to the readers it is given, each remembering what the \
+         last render saw, so the next wait ends only on a later change",
+        &[
+            "use tokio::sync::watch;",
+            "struct Inputs { devices: watch::Receiver<Arc<Inventory>>, \
+             holdings: Option<watch::Receiver<Arc<Holdings>>>,",
+            "async fn view_changed(view: &mut Option<watch::Receiver<Arc<Holdings>>>)",
+        ],
+    ),
+];
+
+/// Outside `state`, a snapshot is a `Writer` and its `Reader`s, never a raw `watch` channel: a
+/// `watch::Sender` is `Clone`, so it would give a snapshot as many writers as clones, and a
+/// `watch::Receiver` parameter invites a caller to feed it from a channel of its own. Test code
+/// counts too, apart from the sites [`RAW_WATCH_MODULES`] and [`RAW_WATCH_SITES`] name.
+#[test]
+fn no_module_but_state_holds_a_raw_watch_channel() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = module_files();
+    for (module, why) in RAW_WATCH_MODULES {
+        assert!(
+            files.keys().any(|m| top(m) == module),
+            "RAW_WATCH_MODULES names {module} ({why}), which is gone"
+        );
+    }
+    let mut named = Vec::new();
+    for (module, file) in files {
+        if RAW_WATCH_MODULES.iter().any(|(m, _)| *m == top(&module)) {
+            continue;
+        }
+        let source = std::fs::read_to_string(&file).unwrap();
+        let code = one_line(&strip_comments_and_strings(&source));
+        let mut sites = Vec::new();
+        for (_, why, listed) in RAW_WATCH_SITES.iter().filter(|(m, ..)| *m == module) {
+            for site in listed.iter().map(|site| one_line(site)) {
+                assert!(
+                    code.contains(&site),
+                    "{module} no longer has `{site}` ({why}): fix or drop it in RAW_WATCH_SITES"
+                );
+                sites.push(site);
+            }
+        }
+        let allowed = |at: usize| {
+            sites.iter().any(|site| {
+                code.match_indices(site.as_str())
+                    .any(|(from, _)| (from..from + site.len()).contains(&at))
+            })
+        };
+        for at in raw_watch_namings(&code).filter(|at| !allowed(*at)) {
+            let excerpt: String = code[at..].chars().take(60).collect();
+            named.push(format!(
+                "{}: `{excerpt}`",
+                file.strip_prefix(root).unwrap().display()
+            ));
+        }
+    }
+    assert!(
+        named.is_empty(),
+        "tokio's watch named outside `state`: a snapshot has one `state::Writer` and is read \
+         through `state::Reader`s (a site that needs a raw channel is a row of RAW_WATCH_SITES, \
+         with its reason):\n{}",
+        named.join("\n")
+    );
+}
+
+/// Where `code` names tokio's `watch` module: a path through `sync::watch`
+/// (`tokio::sync::watch::channel`, `use tokio::sync::{Notify, watch}`), or one that starts at
+/// `watch::`, as after such an import.
+fn raw_watch_namings(code: &str) -> impl Iterator<Item = usize> + '_ {
+    path_starts(code).filter_map(|(at, word)| {
+        let paths = use_tree(&code[at + word.len() + "::".len()..], &[word]);
+        paths
+            .iter()
+            .any(|path| path[0] == "watch" || path.windows(2).any(|w| w == ["sync", "watch"]))
+            .then_some(at)
+    })
+}
+
+/// `code` with each run of whitespace as one space, as a site in [`RAW_WATCH_SITES`] is written.
+fn one_line(code: &str) -> String {
+    code.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn the_watch_check_sees_every_spelling() {
+    let namings = |code: &str| raw_watch_namings(code).count();
+    for spelling in [
+        "use tokio::sync::watch;",
+        "use tokio::sync::{Notify, watch};",
+        "use tokio::{sync::watch, task};",
+        "use tokio::sync::watch::{channel, Sender};",
+        "let (tx, rx) = tokio::sync::watch::channel(0);",
+        "fn f(found: Option<watch::Receiver<Arc<[DeviceNode]>>>) {}",
+        "let sync = sync::watch::Sender::new(0);",
+    ] {
+        // A path inside a use group is also a path of its own, so it may be seen twice.
+        assert_ne!(namings(spelling), 0, "{spelling}");
+    }
+    for other in [
+        "use tokio::sync::{Mutex, Notify};",
+        "use crate::fswatch::DirWatch;",
+        "use tokio_stream::wrappers::WatchStream;",
+        "let events = watch.next().await;",
+        "let found: Reader<Arc<[DeviceNode]>> = writer.reader();",
+    ] {
+        assert_eq!(namings(other), 0, "{other}");
     }
 }
 

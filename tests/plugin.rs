@@ -8,11 +8,25 @@ use std::time::Duration;
 use efa_device_plugin::proto::deviceplugin::{HEALTHY, UNHEALTHY};
 use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 use efa_device_plugin::testkit::simulate::{Nodes, Shape, make_char_device};
-use support::{Harness, fds_and_tasks, node_kind};
+use support::{Harness, eventually, fds_and_tasks, node_kind};
 use tonic::Code;
 
 fn ids(view: &efa_device_plugin::testkit::kubelet_stub::KubeletView) -> Vec<String> {
     view.devices.iter().map(|d| d.id.clone()).collect()
+}
+
+/// [`ids`], sorted.
+fn sorted_ids(view: &efa_device_plugin::testkit::kubelet_stub::KubeletView) -> Vec<String> {
+    let mut ids = ids(view);
+    ids.sort();
+    ids
+}
+
+/// A kubelet's PodResources stand-in at `h`'s socket, saying `trainer-0` holds the EFA `id`.
+fn kubelet_with_a_pod_holding(h: &Harness, id: &str) -> PodResourcesStub {
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let holder = pod("ml", "trainer-0", "main", "vpc.amazonaws.com/efa", &[id]);
+    PodResourcesStub::start(&socket, vec![holder]).unwrap()
 }
 
 #[tokio::test]
@@ -42,24 +56,13 @@ async fn registers_and_lists_p4d_with_numa() {
 async fn a_renamed_efa_is_listed_once_and_keeps_an_id_a_pod_holds() {
     let mut h = Harness::new(Shape::Bottlerocket);
     let socket = h.root.path().join("pod-resources/kubelet.sock");
-    let holder = pod(
-        "ml",
-        "trainer-0",
-        "main",
-        "vpc.amazonaws.com/efa",
-        &["efa_1"],
-    );
-    let kubelet = PodResourcesStub::start(&socket, vec![holder]).unwrap();
+    let kubelet = kubelet_with_a_pod_holding(&h, "efa_1");
     h.spawn_plugin(&["--rescan-interval", "200ms"]);
     h.registered().await;
     let efas: Vec<_> = h.efas().into_iter().cloned().collect();
     h.node.rename(&efas[0], "rdmap16s27").unwrap();
     h.node.rename(&efas[1], "rdmap32s27").unwrap();
-    let sorted = |v: &efa_device_plugin::testkit::kubelet_stub::KubeletView| {
-        let mut ids = ids(v);
-        ids.sort();
-        ids
-    };
+    let sorted = sorted_ids;
     h.wait("efa_0 under its new name, efa_1 kept", |v| {
         sorted(v) == ["efa_1", "efa_2", "efa_3", "rdmap16s27"] && v.healthy() == 4
     })
@@ -77,6 +80,66 @@ async fn a_renamed_efa_is_listed_once_and_keeps_an_id_a_pod_holds() {
         sorted(v) == ["efa_2", "efa_3", "rdmap16s27", "rdmap32s27"] && v.healthy() == 4
     })
     .await;
+}
+
+/// A held EFA renamed while no plugin ran (a rollout, a crash): the restarted plugin lists it
+/// under the ID the pod holds, not as a new, free EFA whose node the kubelet would give to a
+/// second pod; once the pod is gone, the new name takes over.
+#[tokio::test]
+async fn a_held_efa_renamed_while_no_plugin_ran_keeps_its_id() {
+    let mut h = Harness::new(Shape::Bottlerocket);
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    let kubelet = kubelet_with_a_pod_holding(&h, "efa_0");
+    h.spawn_plugin(&[]);
+    h.registered().await;
+    let ids_file = h
+        .plugin_socket()
+        .with_file_name("efa-device-plugin.ids.json");
+    eventually("the file of advertised IDs", || ids_file.exists()).await;
+    let (status, _) = h.terminate_plugin();
+    assert!(status.success());
+    assert!(ids_file.exists(), "kept on exit");
+
+    let efas: Vec<_> = h.efas().into_iter().cloned().collect();
+    h.node.rename(&efas[0], "rdmap16s27").unwrap();
+    h.spawn_plugin(&[]);
+    let sorted = sorted_ids;
+    let held = ["efa_0", "efa_1", "efa_2", "efa_3"];
+    h.wait("the held EFA under its held ID", |v| {
+        v.register_calls == 2 && v.stream_open && sorted(v) == held
+    })
+    .await;
+    // Several rescans and PodResources answers later, still so.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sorted(&h.kubelet.view().borrow()), held);
+
+    drop(kubelet);
+    let _kubelet = PodResourcesStub::start(&socket, Vec::new()).unwrap();
+    h.wait("the released EFA under its new name", |v| {
+        sorted(v) == ["efa_1", "efa_2", "efa_3", "rdmap16s27"]
+    })
+    .await;
+}
+
+/// An EFA renamed right after Allocate gave it out, before the PodResources view lists its pod:
+/// the ID given out stays, so the kubelet cannot count the new name free.
+#[tokio::test]
+async fn an_efa_renamed_right_after_allocate_keeps_the_id_given_out() {
+    let mut h = Harness::new(Shape::Bottlerocket);
+    let socket = h.root.path().join("pod-resources/kubelet.sock");
+    // A kubelet whose answer does not show the pod yet.
+    let _kubelet = PodResourcesStub::start(&socket, Vec::new()).unwrap();
+    h.spawn_plugin(&["--rescan-interval", "200ms"]);
+    h.registered().await;
+    h.allocate(&[&["efa_1"]]).await.unwrap();
+    let efas: Vec<_> = h.efas().into_iter().cloned().collect();
+    h.node.rename(&efas[1], "rdmap32s27").unwrap();
+    // Several rescans and PodResources answers.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        sorted_ids(&h.kubelet.view().borrow()),
+        ["efa_0", "efa_1", "efa_2", "efa_3"]
+    );
 }
 
 #[tokio::test]
@@ -235,6 +298,80 @@ async fn vanished_device_stays_listed_unhealthy_and_recovers() {
     .await;
     h.node.bind(&victim).unwrap();
     h.wait("the rebound device", |v| v.healthy() == 4).await;
+}
+
+/// An EFA whose driver closed its admin queue stays in sysfs with its node, yet no pod can use
+/// it: the kubelet is told Unhealthy, the metrics count it by reason, and it is Healthy again
+/// once the device is probed again, with its counters at 0. A plugin started after the failure
+/// sees it, as a restart or an upgrade would.
+#[tokio::test]
+async fn an_efa_whose_admin_queue_closed_is_unhealthy_until_probed_again() {
+    let mut h = Harness::new(Shape::P4d);
+    let efas: Vec<_> = h.efas().into_iter().cloned().collect();
+    h.node
+        .set_device_counter(&efas[0], "no_completion_cmds", 2)
+        .unwrap();
+    h.spawn_plugin(&[]);
+    h.wait("the EFA closed before the start", |v| {
+        v.devices.len() == 4 && v.health_of(&efas[0].ibdev) == Some(UNHEALTHY) && v.healthy() == 3
+    })
+    .await;
+
+    h.node
+        .set_device_counter(&efas[2], "no_completion_cmds", 1)
+        .unwrap();
+    h.wait("the EFA closed while running", |v| {
+        v.health_of(&efas[2].ibdev) == Some(UNHEALTHY) && v.healthy() == 2
+    })
+    .await;
+    let text = h
+        .scrape_until("two closed admin queues counted", |text| {
+            support::sample(
+                text,
+                "efa_device_plugin_unhealthy_devices{reason=\"admin_queue_closed\"}",
+            ) == Some(2.0)
+        })
+        .await;
+    assert_eq!(
+        support::sample(
+            &text,
+            "efa_device_plugin_unhealthy_devices{reason=\"vanished\"}"
+        ),
+        Some(0.0),
+        "every reason is shown, 0 included"
+    );
+
+    // Probed again: the driver re-creates the device, and its counters start at 0.
+    h.node.remove(&efas[0]).unwrap();
+    h.node.add(&efas[0]).unwrap();
+    h.wait("the EFA probed again", |v| {
+        v.health_of(&efas[0].ibdev) == Some(HEALTHY) && v.healthy() == 3
+    })
+    .await;
+    let log = h.plugin_log();
+    let unhealthy: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("device unhealthy"))
+        .collect();
+    assert!(
+        unhealthy
+            .iter()
+            .any(|line| line.contains(&efas[2].ibdev) && line.contains("closed its admin queue")),
+        "{log}"
+    );
+}
+
+/// `--admin-queue-health=false`: the counter changes no device's health.
+#[tokio::test]
+async fn the_admin_queue_rule_turned_off_leaves_the_efa_healthy() {
+    let mut h = Harness::new(Shape::P4d);
+    let efa = h.efas()[1].clone();
+    h.node
+        .set_device_counter(&efa, "no_completion_cmds", 5)
+        .unwrap();
+    h.spawn_plugin(&["--admin-queue-health=false"]);
+    let view = h.registered().await;
+    assert_eq!(view.healthy(), 4);
 }
 
 #[tokio::test]

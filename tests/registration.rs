@@ -410,3 +410,49 @@ async fn a_foreign_stream_opened_right_after_register_cannot_hide_a_missing_kube
     );
     client.abort();
 }
+
+/// Node mode's boot: the service manager (systemd, `Type=notify`) starts the kubelet only after
+/// the plugin says `READY=1`, which it says before any kubelet exists; the kubelet that then
+/// starts is registered with at once, before it could admit a pod.
+#[tokio::test]
+async fn a_plugin_started_before_the_kubelet_says_ready_and_registers_as_the_kubelet_starts() {
+    let mut h = Harness::new(Shape::P4d);
+    h.kubelet.power_off().await;
+    let notify = h.root.path().join("notify");
+    let manager = tokio::net::UnixDatagram::bind(&notify).unwrap();
+    h.spawn_plugin_with(&[], |plugin| {
+        plugin.env("NOTIFY_SOCKET", &notify);
+    });
+    let mut said = [0u8; 256];
+    let n = tokio::time::timeout(TIMEOUT, manager.recv(&mut said))
+        .await
+        .unwrap_or_else(|_| panic!("no READY=1 with no kubelet\n{}", h.plugin_log()))
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&said[..n]).starts_with("READY=1\n"),
+        "{:?}",
+        String::from_utf8_lossy(&said[..n])
+    );
+    assert!(!h.plugin_dir.join("kubelet.sock").exists());
+
+    h.kubelet.restart().await.unwrap();
+    let started = Instant::now();
+    h.wait("registration", |v| v.stream_open && v.healthy() == 4)
+        .await;
+    let took = started.elapsed();
+    // The kubelet admits its first pods after its runtime is up, a second or more after its
+    // socket appears; generous against scheduling noise.
+    assert!(
+        took < Duration::from_millis(500),
+        "took {took:?}\n{}",
+        h.plugin_log()
+    );
+
+    let (status, _) = h.terminate_plugin();
+    assert!(status.success());
+    let n = tokio::time::timeout(TIMEOUT, manager.recv(&mut said))
+        .await
+        .expect("STOPPING=1 at shutdown")
+        .unwrap();
+    assert_eq!(&said[..n], b"STOPPING=1");
+}

@@ -569,3 +569,60 @@ async fn double_bookings_count_and_the_kubelets_ordinary_answers_do_not() {
     let again = h.plugin_log().matches(DOUBLE_BOOKED_LOG).count();
     assert_eq!(again, 2, "{}", h.plugin_log());
 }
+
+#[tokio::test]
+async fn a_missing_pod_resources_socket_is_logged_once_and_shown_until_it_answers() {
+    let mut h = Harness::new(Shape::P4d);
+    let efa = h.efas()[0].clone();
+    let socket: PathBuf = h.root.path().join("pod-resources-typo/kubelet.sock");
+    h.spawn_plugin(&[
+        "--pod-resources-socket",
+        &socket.display().to_string(),
+        "--log-format",
+        "json",
+    ]);
+    h.registered().await;
+    let text = h
+        .scrape_until("the view shown unknown", |t| {
+            sample(t, "efa_device_plugin_pod_resources_unknown") == Some(1.0)
+        })
+        .await;
+    assert_eq!(
+        sample(&text, "efa_device_plugin_pod_resources_stale"),
+        Some(0.0),
+        "nothing is kept, so nothing is stale: {text}"
+    );
+    // Several polls go by, one line says it.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let said = logged(
+        &h,
+        "cannot list pod resources; a view the kubelet gave is kept, stale, and after 5 minutes its holders are kept as unknown; without one, who holds which EFA is unknown until it answers",
+    );
+    assert_eq!(said.len(), 1, "{}", h.plugin_log());
+    assert_eq!(said[0]["socket"], socket.display().to_string());
+    assert!(
+        said[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("no such socket"),
+        "{said:?}"
+    );
+
+    let _kubelet = PodResourcesStub::start(
+        &socket,
+        vec![pod(
+            "ml",
+            "trainer-0",
+            "main",
+            "vpc.amazonaws.com/efa",
+            &[&efa.ibdev],
+        )],
+    )
+    .unwrap();
+    let text = h
+        .scrape_until("the view known", |t| {
+            sample(t, "efa_device_plugin_pod_resources_unknown") == Some(0.0)
+        })
+        .await;
+    assert_eq!(sample(&text, &allocation(&efa, "trainer-0")), Some(1.0));
+}

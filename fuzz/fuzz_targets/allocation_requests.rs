@@ -15,7 +15,7 @@ use efa_device_plugin::proto::deviceplugin::{
     AllocateRequest, ContainerAllocateRequest, ContainerPreferredAllocationRequest,
     PreferredAllocationRequest,
 };
-use efa_device_plugin::state::{DeviceRecord, Inventory, Verdict};
+use efa_device_plugin::state::{DeviceRecord, Failure, Inventory, Verdict};
 use efa_device_plugin::testkit::simulate::{self, Shape};
 use libfuzzer_sys::fuzz_target;
 
@@ -84,7 +84,7 @@ fuzz_target!(|input: Input| {
         .map(|(i, d)| DeviceRecord {
             efa: d.efa(),
             verdict: if unhealthy.contains(&i) {
-                Verdict::unhealthy("fuzzed")
+                Verdict::unhealthy(Failure::DeviceNode, "fuzzed")
             } else {
                 Verdict::healthy()
             },

@@ -24,12 +24,11 @@ use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, ContainerAllocateResponse, DeviceSpec,
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
-use crate::state::{Holdings, Inventory};
+use crate::state::{Holdings, Inventory, Reader, Writer};
 use metrics::AllocationMetrics;
 use preferred::Avoid;
 use recent::Recent;
 use sharing::Sharing;
-use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
 use tokio_stream::{Stream, StreamExt};
 
@@ -185,26 +184,24 @@ impl Contributor for Environment {
 /// in `extra_nodes` last found them on the host, each with its own number. Every container with
 /// EFAs gets them once; reading them here is the whole cost, as Allocate does no I/O.
 #[derive(Clone)]
-pub struct FoundNodes(watch::Receiver<Arc<[DeviceNode]>>);
+pub struct FoundNodes(Reader<Arc<[DeviceNode]>>);
 
 impl FoundNodes {
-    pub fn new(found: watch::Receiver<Arc<[DeviceNode]>>) -> Self {
+    pub fn new(found: Reader<Arc<[DeviceNode]>>) -> Self {
         FoundNodes(found)
     }
 
-    /// No extra node, as without `--extra-device-nodes`.
+    /// No extra node, as without `--extra-device-nodes`: a snapshot nobody writes.
     pub fn none() -> Self {
-        FoundNodes(watch::channel(Arc::from([])).1)
+        FoundNodes(Writer::new(Arc::from([])).reader())
     }
 
     /// One item each time the look-up finds something else after this call (a node appears,
     /// goes, or gets another number), for a file that names the nodes, the CDI spec, to be
-    /// rendered again; a device-specs answer reads them at each Allocate instead. Ends when
-    /// the look-up stops.
+    /// rendered again; a device-specs answer reads them at each Allocate instead. A look-up
+    /// that stops leaves its last result, so this ends only once no one reads the nodes.
     pub fn changes(&self) -> impl Stream<Item = ()> + Send + 'static {
-        let mut found = self.0.clone();
-        found.borrow_and_update();
-        WatchStream::from_changes(found).map(|_| ())
+        WatchStream::from_changes(self.0.subscribe()).map(|_| ())
     }
 }
 
@@ -242,8 +239,8 @@ pub struct Allocator {
     contributors: Contributors,
     sharing: Sharing,
     metrics: Option<Arc<AllocationMetrics>>,
-    holdings: Option<watch::Receiver<Arc<Holdings>>>,
-    recent: Option<Recent>,
+    holdings: Option<Reader<Arc<Holdings>>>,
+    recent: Option<Arc<Recent>>,
 }
 
 impl Allocator {
@@ -261,13 +258,19 @@ impl Allocator {
     /// Steers preferred allocations away from the IDs Allocate gave out within `window`, which a
     /// kubelet up to 1.37 may offer again while their pod holds them ([`recent`]).
     pub fn steering_from_recent(mut self, window: std::time::Duration) -> Self {
-        self.recent = Some(Recent::new(window));
+        self.recent = Some(Arc::new(Recent::new(window)));
         self
+    }
+
+    /// The IDs Allocate gave out lately, when it steers by them: shared, for the health
+    /// monitor to keep an EFA's ID that a pod may hold before PodResources says so.
+    pub fn recent(&self) -> Option<Arc<Recent>> {
+        self.recent.clone()
     }
 
     /// Steers preferred allocations away from EFAs that pods hold under foreign IDs, as the
     /// background PodResources view last saw them.
-    pub fn with_holdings(mut self, holdings: watch::Receiver<Arc<Holdings>>) -> Self {
+    pub fn with_holdings(mut self, holdings: Reader<Arc<Holdings>>) -> Self {
         self.holdings = Some(holdings);
         self
     }
@@ -293,7 +296,17 @@ impl Allocator {
         request: &PreferredAllocationRequest,
     ) -> PreferredAllocationResponse {
         let holdings = self.holdings.as_ref().map(|h| h.borrow().clone());
-        let given = self.recent.as_ref().map(Recent::ids).unwrap_or_default();
+        // Only the offered IDs are weighed, so only they are looked up.
+        let offered = request
+            .container_requests
+            .iter()
+            .flat_map(|offer| &offer.available_device_i_ds)
+            .map(String::as_str);
+        let given = self
+            .recent
+            .as_ref()
+            .map(|recent| recent.among(offered))
+            .unwrap_or_default();
         let avoid = Avoid {
             foreign_held: holdings
                 .as_ref()
@@ -327,6 +340,8 @@ impl Allocator {
     ) -> Result<AllocateResponse, AllocateError> {
         let started = Instant::now();
         let answer = self.answer(inventory, request);
+        // An answer means every ID resolved to a healthy EFA of the snapshot under this
+        // sharing, so each is one the plugin advertises: the record stays within those.
         if let (Ok(_), Some(recent)) = (&answer, &self.recent) {
             for container in &request.container_requests {
                 recent.record(&container.devices_ids);
@@ -389,7 +404,7 @@ mod tests {
     use std::num::NonZeroU32;
 
     use super::*;
-    use crate::state::{DeviceRecord, Verdict};
+    use crate::state::{DeviceRecord, Failure, Verdict};
     use crate::testkit::simulate::{Shape, inventory};
 
     /// The (ID asked by, EFA) pairs `resolve` gives, or its error.
@@ -401,7 +416,7 @@ mod tests {
     #[test]
     fn resolve_maps_ids_to_healthy_efas_once_each() {
         let mut records: Vec<DeviceRecord> = inventory(Shape::P4d).devices().cloned().collect();
-        records[1].verdict = Verdict::unhealthy("link down");
+        records[1].verdict = Verdict::unhealthy(Failure::DeviceNode, "link down");
         let inventory = Inventory::default().observe(records).0;
         let ids: Vec<&str> = inventory.devices().map(|d| d.efa.id.as_str()).collect();
         let (a, b, c) = (ids[0], ids[1], ids[2]);

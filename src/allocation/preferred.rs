@@ -416,7 +416,7 @@ mod tests {
     use super::*;
     use crate::discovery::DeviceIdStrategy;
     use crate::discovery::Efa;
-    use crate::state::{DeviceRecord, Verdict};
+    use crate::state::{DeviceRecord, Failure, Verdict};
     use crate::testkit::simulate::{self, Shape};
 
     /// PCI IDs, so each expected answer shows where its EFAs sit; the property tests below
@@ -843,7 +843,7 @@ mod tests {
     #[test]
     fn unhealthy_efas_are_left_out_unless_required() {
         let mut records: Vec<DeviceRecord> = inventory(Shape::P4d).devices().cloned().collect();
-        records[0].verdict = Verdict::unhealthy("node missing");
+        records[0].verdict = Verdict::unhealthy(Failure::DeviceNode, "node missing");
         let inv = Inventory::default().observe(records).0;
         let all = advertised(&inv, Sharing::default());
         assert_eq!(

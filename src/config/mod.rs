@@ -121,7 +121,18 @@ fn settings_from(matches: &ArgMatches) -> Result<Settings, ConfigError> {
         matches: Some(matches),
         file,
     };
-    let settings = DECLARED.resolve(&given)?;
+    let mut settings = DECLARED.resolve(&given)?;
+    if let Some(level) = rust_log()? {
+        settings.log_level = level;
+        settings.origins.log_level = Origin::Env(RUST_LOG);
+    }
+    if settings.dra_drivers.is_empty() && !settings.allow_dra_coexistence {
+        let origin = &settings.origins.dra_drivers;
+        return Err(ConfigError(format!(
+            "{origin}: no driver names, which would leave the DRA-conflict guard watching for \
+             none; name the EFA DRA drivers, or turn the guard off with --allow-dra-coexistence"
+        )));
+    }
     if settings.device_list_strategy == DeviceListStrategy::Cdi
         && let Err(err) = settings.resource_name.cdi_kind()
     {
@@ -133,11 +144,31 @@ fn settings_from(matches: &ArgMatches) -> Result<Settings, ConfigError> {
     Ok(settings)
 }
 
+/// The variable every Rust program's logger reads. It overrides `--log-level` however that was
+/// given, so it is read here, with the other settings, and judged by the same parser: the
+/// logger would read a bad one as a filter that logs nothing.
+const RUST_LOG: &str = "RUST_LOG";
+
+/// `RUST_LOG`'s level; `None` when it is unset or empty, as every logger reads it.
+fn rust_log() -> Result<Option<LogLevel>, ConfigError> {
+    let origin = Origin::Env(RUST_LOG);
+    match std::env::var(RUST_LOG) {
+        Ok(text) if text.is_empty() => Ok(None),
+        Ok(text) => LogLevel::parse(&text)
+            .map(Some)
+            .map_err(|err| ConfigError(format!("{origin}: {err}"))),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => {
+            Err(ConfigError(format!("{origin}: must be UTF-8 text")))
+        }
+    }
+}
+
 impl Settings {
     /// The health rules these settings ask for: the product's, on their dev root, and in a test
     /// build the test switch's regular files too. The plugin and `list` judge alike through it.
     pub fn judge(&self) -> Judge {
-        let judge = Judge::new(self.dev_root.clone());
+        let judge = Judge::new(self.dev_root.clone()).checking_admin_queue(self.admin_queue_health);
         #[cfg(feature = "testkit")]
         let judge = judge.accepting_regular_files(self.test_only_regular_file_nodes);
         judge

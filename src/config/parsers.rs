@@ -11,6 +11,7 @@ use serde::Serialize;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::filter::LevelFilter;
 
+use super::resource_name::is_dns_subdomain;
 use crate::allocation::sharing::{Sharing, parse_replicas};
 use crate::proto::deviceplugin::{KUBELET_SOCKET, PLUGIN_SOCKET};
 
@@ -39,11 +40,28 @@ impl LogLevel {
     /// Each directive must name its level. The logger reads a bare word that is no level as a
     /// target to log at every level, and an empty text as no directive at all: `warnn` or an
     /// empty variable would start a plugin that logs nothing.
+    ///
+    /// The logger keeps the spaces around a directive, so ` info` is a target named " info"
+    /// and the plugin logs nothing. Lists elsewhere in the settings may be written with spaces
+    /// after their commas, so the directives are trimmed here, once, and the trimmed text is
+    /// what is stored, shown by `config` and read by the logger. A space left inside one would
+    /// still be read as part of a name, so it is refused.
     pub(super) fn parse(text: &str) -> Result<Self, String> {
         let invalid = |why: String| format!("invalid log level {text:?}: {why}");
-        EnvFilter::try_new(text).map_err(|err| invalid(err.to_string()))?;
         // Split as the logger splits them.
-        let directives: Vec<&str> = text.split(',').filter(|d| !d.is_empty()).collect();
+        let directives: Vec<&str> = text
+            .split(',')
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+            .collect();
+        if let Some(spaced) = directives.iter().find(|d| d.contains(char::is_whitespace)) {
+            return Err(invalid(format!(
+                "{spaced:?} has a space inside, which the logger would read as part of a target \
+                 or level (write e.g. efa_device_plugin=debug)"
+            )));
+        }
+        let directives_text = directives.join(",");
+        EnvFilter::try_new(&directives_text).map_err(|err| invalid(err.to_string()))?;
         let unnamed = if directives.is_empty() {
             Some(text)
         } else {
@@ -55,7 +73,7 @@ impl LogLevel {
                  TARGET=LEVEL directives, e.g. warn,efa_device_plugin=debug)"
             )));
         }
-        Ok(LogLevel(text.to_owned()))
+        Ok(LogLevel(directives_text))
     }
 
     /// The logger's filter; [`LogLevel::parse`] has read these directives already, so none is
@@ -74,11 +92,9 @@ impl std::fmt::Debug for LogLevel {
 /// Whether a directive ends in its level: `info`, or `efa_device_plugin=debug` (the last `=`,
 /// as a span's field may hold one). The logger reads an empty level as trace, so it names none.
 fn names_a_level(directive: &str) -> bool {
-    let directive = directive.trim();
     let level = directive
         .rsplit_once('=')
-        .map_or(directive, |(_, level)| level)
-        .trim();
+        .map_or(directive, |(_, level)| level);
     !level.is_empty() && level.parse::<LevelFilter>().is_ok()
 }
 
@@ -144,15 +160,32 @@ pub(super) fn parse_metrics_address(text: &str) -> Result<Option<SocketAddr>, St
     })
 }
 
-/// Comma-separated driver names, e.g. `dra.net,efa.example.com`.
+/// The longest DRA driver name the Kubernetes API accepts (`DriverNameMaxLength`, as for CSI).
+const MAX_DRIVER_NAME: usize = 63;
+
+/// The suffix of the socket a DRA driver registers with in `plugins_registry`.
+const REGISTRATION_SOCKET: &str = "-reg.sock";
+
+/// Comma-separated driver names, e.g. `dra.net,efa.example.com`. The guard finds a driver by
+/// its registration socket, `<driver>-reg.sock`, comparing names exactly, and the API allows
+/// only lowercase DNS subdomains: any other name (`DRA.NET`, `dra.net.`, or the socket's own
+/// name) would never match, and the guard would be off without saying so. An empty list is
+/// judged with `--allow-dra-coexistence`, in [`super::settings_from`].
 pub(super) fn parse_driver_names(text: &str) -> Result<Vec<String>, String> {
     let names = comma_list(text);
-    match names.iter().find(|name| name.contains('/')) {
-        Some(name) => Err(format!(
-            "invalid driver name {name:?}: must not contain '/'"
-        )),
-        None => Ok(names),
+    for name in &names {
+        let problem = if name.ends_with(REGISTRATION_SOCKET) {
+            "that is a registration socket's name (<driver>-reg.sock); give the driver's name, \
+             e.g. dra.net"
+        } else if name.len() > MAX_DRIVER_NAME || !is_dns_subdomain(name) {
+            "a DRA driver's name is a lowercase DNS subdomain of at most 63 characters, e.g. \
+             dra.net; the guard matches it exactly against the registration sockets"
+        } else {
+            continue;
+        };
+        return Err(format!("invalid driver name {name:?}: {problem}"));
     }
+    Ok(names)
 }
 
 /// The non-empty, trimmed items of a comma-separated list.
@@ -262,6 +295,89 @@ mod tests {
                 "{text}: {err}"
             );
         }
+    }
+
+    /// The logger keeps the spaces around a directive: ` info` was a target named " info", and
+    /// the plugin logged nothing at all.
+    #[test]
+    fn a_log_level_is_stored_as_the_logger_reads_it_trimmed_once() {
+        for (text, stored) in [
+            (" info", "info"),
+            ("info ", "info"),
+            (
+                "\twarn , efa_device_plugin=debug ,",
+                "warn,efa_device_plugin=debug",
+            ),
+        ] {
+            assert_eq!(LogLevel::parse(text).map(|l| l.0), Ok(stored.to_owned()));
+        }
+        for (text, spaced) in [
+            ("efa_device_plugin =debug", "efa_device_plugin =debug"),
+            ("warn,efa_device_plugin= debug", "efa_device_plugin= debug"),
+            ("info debug", "info debug"),
+        ] {
+            let err = LogLevel::parse(text).unwrap_err();
+            assert!(
+                err.starts_with(&format!(
+                    "invalid log level {text:?}: {spaced:?} has a space inside"
+                )),
+                "{text}: {err}"
+            );
+        }
+        assert!(
+            LogLevel::parse(" , ")
+                .unwrap_err()
+                .contains("names no level")
+        );
+    }
+
+    /// The guard compares names exactly with the registration sockets' (`<driver>-reg.sock`):
+    /// `DRA.NET`, `dra.net.` or the socket's own name never matched, and the guard was off.
+    #[test]
+    fn driver_names_are_names_the_guard_can_match() {
+        let longest = format!("{}.io", "a".repeat(60));
+        for good in [
+            "dra.net",
+            "dra.networking.k8s.aws",
+            "efa-dra.example.com",
+            &longest,
+        ] {
+            assert_eq!(parse_driver_names(good), Ok(vec![good.to_owned()]));
+        }
+        assert_eq!(
+            parse_driver_names(" dra.net, efa.example.com ,"),
+            Ok(vec!["dra.net".to_owned(), "efa.example.com".to_owned()])
+        );
+        let too_long = format!("{}.io", "a".repeat(61));
+        for bad in [
+            "DRA.NET",
+            "dra.net.",
+            ".dra.net",
+            "dra..net",
+            "dra_net",
+            "dra.net/efa",
+            "-dra.net",
+            too_long.as_str(),
+        ] {
+            let err = parse_driver_names(bad).unwrap_err();
+            assert_eq!(
+                err,
+                format!(
+                    "invalid driver name {bad:?}: a DRA driver's name is a lowercase DNS \
+                     subdomain of at most 63 characters, e.g. dra.net; the guard matches it \
+                     exactly against the registration sockets"
+                )
+            );
+        }
+        for socket in ["dra.net-reg.sock", "dra.net-6b1c0e2f-reg.sock"] {
+            let err = parse_driver_names(socket).unwrap_err();
+            assert!(
+                err.contains("that is a registration socket's name"),
+                "{socket}: {err}"
+            );
+        }
+        // Empty is judged with --allow-dra-coexistence, which the parser cannot see.
+        assert_eq!(parse_driver_names(""), Ok(vec![]));
     }
 
     #[test]

@@ -75,7 +75,9 @@ pub(crate) fn validate_resource_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn is_dns_subdomain(text: &str) -> bool {
+/// A lowercase RFC 1123 subdomain, as Kubernetes checks one: dot-separated labels of
+/// lowercase alphanumerics and '-', each 1-63 long and alphanumeric at both ends, 253 at most.
+pub(super) fn is_dns_subdomain(text: &str) -> bool {
     text.len() <= 253
         && text.split('.').all(|label| {
             let bytes = label.as_bytes();

@@ -124,9 +124,14 @@ settings! {
     #[serde(serialize_with = "serialize_duration")]
     rescan_interval: Duration = Setting::new("rescan-interval", "EFA_DP_RESCAN_INTERVAL",
         "DURATION", "5s", parse_interval);
+    /// Judge an EFA Unhealthy while its driver has closed its admin queue (its device-level
+    /// hw counter no_completion_cmds is not 0), until the device is probed again.
+    admin_queue_health: bool = Setting::switch("admin-queue-health",
+        "EFA_DP_ADMIN_QUEUE_HEALTH", "true");
     /// Log line format.
     log_format: LogFormat = Setting::choice("log-format", "EFA_DP_LOG_FORMAT", "LOG_FORMAT", "text");
-    /// Log level or filter directives; RUST_LOG, when set, takes precedence.
+    /// Log level or filter directives, each naming its level; RUST_LOG, when set and not
+    /// empty, takes precedence and is checked alike.
     log_level: LogLevel = Setting::new("log-level", "EFA_DP_LOG_LEVEL", "LEVEL", "info",
         LogLevel::parse);
     /// Advertise each EFA as this many IDs, so that many containers can share it (1: no sharing).
@@ -146,7 +151,8 @@ settings! {
     plugins_registry_dir: PathBuf = Setting::new("plugins-registry-dir",
         "EFA_DP_PLUGINS_REGISTRY_DIR", "DIR", "/var/lib/kubelet/plugins_registry", parse_path)
         .naming_a_path();
-    /// DRA drivers that manage EFAs; while one is registered every device is withheld.
+    /// DRA drivers that manage EFAs, by name (lowercase DNS subdomains, e.g. dra.net); while
+    /// one is registered every device is withheld. Empty only with --allow-dra-coexistence.
     // DRANET, and AWS's networking DRA driver, which serves EFAs as well as RoCE and ENA:
     // the plugin cannot read its ResourceSlices to tell which it serves on this node.
     dra_drivers: Vec<String> = Setting::list("dra-drivers", "EFA_DP_DRA_DRIVERS", "NAME,...",
@@ -175,7 +181,9 @@ settings! {
     };
     /// Host device nodes every container with EFAs also gets, e.g. /dev/gdrdrv (GDRCopy, for
     /// GPU-initiated networking): each as found below the dev root at start and every rescan,
-    /// with its own major:minor; one that is missing is left out and logged.
+    /// with its own major:minor; one that is missing is left out and logged. One that is, or
+    /// links to, an EFA's uverbs node or a node outside the dev root is refused: at start the
+    /// plugin exits, later it is withheld and logged.
     extra_device_nodes: Vec<String> = Setting::list("extra-device-nodes",
         "EFA_DP_EXTRA_DEVICE_NODES", "PATH,...", "", parse_device_nodes);
     /// Expose efa_device_allocation: the namespace, pod and container holding each device.

@@ -10,8 +10,12 @@
 //!
 //! A failed poll keeps the last answer, marked stale, for [`STALE_LIMIT`]: the kubelet's rate
 //! limiter, a slow answer or a kubelet restart must not make GetPreferredAllocation hand out
-//! EFAs that pods hold under foreign IDs.
+//! EFAs that pods hold under foreign IDs. Past it the view is no longer known, but it is never
+//! "nobody holds anything": the last known holders stay in it, so every reader keeps steering by
+//! them (GetPreferredAllocation, the CDI spec's held names, the gauges), and the readers that need
+//! certainty (`health`'s held IDs, the spec kept on exit) treat every ID as possibly held.
 
+mod answer;
 mod double_booking;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -21,12 +25,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tonic::codegen::http::uri::PathAndQuery;
 
 use crate::allocation::sharing::{self, Sharing};
-use crate::proto::podresources::{
-    ListPodResourcesRequest, ListPodResourcesResponse,
-    pod_resources_lister_client::PodResourcesListerClient,
-};
+use crate::proto::podresources::{ListPodResourcesRequest, ListPodResourcesResponse};
 use crate::rescan::Rescans;
 use crate::state::{DeviceReader, ForeignHold, Holder, Holdings, Inventory, Writer};
 use crate::uds;
@@ -36,9 +38,10 @@ use double_booking::{Confirmed, Warned, detect};
 pub(crate) const LIST_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The largest answer read; a larger one fails the poll. gRPC's default receive limit, which
-/// the kubelet's own PodResources client keeps too: far above a real node's answer (every ID of
-/// the largest sharing start-up accepts, held, is about 2 MiB), and it bounds what a hostile
-/// answer can cost once decoded.
+/// the kubelet's own PodResources client keeps too, far above a real node's answer (a p5
+/// shared 64 ways, every ID held by pods with the longest names: 120 kB as the kubelet lists
+/// it). It bounds the bytes only: decoded, they may take 75 times as much, so `answer` checks
+/// what they hold before they are decoded.
 pub(crate) const MAX_ANSWER: usize = 4 << 20;
 
 /// How long the last good answer stands in for failed polls (at least two rescan intervals).
@@ -70,13 +73,16 @@ impl PodResources {
 
     /// The kubelet's answer; `None` when it cannot tell.
     async fn poll(&mut self) -> Option<ListPodResourcesResponse> {
-        // Without the socket (not mounted, or no kubelet) the view is simply empty.
-        if !self.socket.exists() {
-            return None;
-        }
-        let outcome = match tokio::time::timeout(LIST_TIMEOUT, self.list()).await {
-            Ok(result) => result,
-            Err(_) => Err(format!("no answer within {LIST_TIMEOUT:?}")),
+        // A missing socket (a typo, a missing mount, a kubelet restarting) is a failed poll like
+        // any other, logged when it starts: silent, it would leave double-booking detection,
+        // foreign-ID steering and the pod labels off on a node that looks fine.
+        let outcome = if self.socket.exists() {
+            match tokio::time::timeout(LIST_TIMEOUT, self.list()).await {
+                Ok(result) => result,
+                Err(_) => Err(format!("no answer within {LIST_TIMEOUT:?}")),
+            }
+        } else {
+            Err("no such socket (is the kubelet's pod-resources dir mounted?)".to_owned())
         };
         match outcome {
             Ok(response) => {
@@ -91,7 +97,7 @@ impl PodResources {
                     tracing::warn!(
                         socket = %self.socket.display(),
                         error = %err,
-                        "cannot list pod resources; the last view is kept, stale, for 5 minutes, then efa_device_allocation series and foreign IDs go unseen"
+                        "cannot list pod resources; a view the kubelet gave is kept, stale, and after 5 minutes its holders are kept as unknown; without one, who holds which EFA is unknown until it answers"
                     );
                 }
                 self.last_ok = Some(false);
@@ -100,20 +106,32 @@ impl PodResources {
         }
     }
 
+    /// Calls `List` as the generated client would, but takes the answer as bytes, to check what
+    /// it holds before decoding it (`answer`).
     async fn list(&self) -> Result<ListPodResourcesResponse, String> {
         let channel = uds::dial(&self.socket)
             .await
             .map_err(|err| format!("connecting: {err}"))?;
-        PodResourcesListerClient::new(channel)
-            .max_decoding_message_size(MAX_ANSWER)
-            .list(ListPodResourcesRequest {})
+        let mut client = tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_ANSWER);
+        client
+            .ready()
+            .await
+            .map_err(|err| format!("List: Service was not ready: {err}"))?;
+        let bytes = client
+            .unary(
+                tonic::Request::new(ListPodResourcesRequest {}),
+                PathAndQuery::from_static("/v1.PodResourcesLister/List"),
+                answer::Raw,
+            )
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| format!("List: {}", status.message()))
+            .map_err(|status| format!("List: {}", status.message()))?;
+        answer::decode(bytes)
     }
 
     /// Asks the kubelet now, for a decision that must not rest on a poll one interval old. A
-    /// failed poll gives a view that is not `known`, never one in which nobody holds anything.
+    /// failed poll gives a view that is not `known`, which no reader takes for "nobody holds
+    /// anything".
     pub(crate) async fn holdings_now(
         mut self,
         inventory: &Inventory,
@@ -188,7 +206,9 @@ impl View {
 
     /// The view to publish after a poll that got `answer` (`None`: the kubelet could not be
     /// asked), if it differs from `current`. Warnings follow what the kubelet said, so a view
-    /// it could not give forgets no pod: one that recovers warns of no pod again.
+    /// it could not give forgets no pod: one that recovers warns of no pod again. Past the trust
+    /// limit the view is no longer `known` but keeps its last holders, still `stale`: unknown
+    /// is never "nothing held".
     fn after(
         &mut self,
         answer: Option<Holdings>,
@@ -210,7 +230,18 @@ impl View {
                     ..current.clone()
                 }
             }
-            None => Holdings::default(),
+            None => {
+                if current.known {
+                    tracing::warn!(
+                        trust = ?self.trust,
+                        "the kubelet's PodResources has not answered for too long: who holds which EFA is unknown (efa_device_plugin_pod_resources_unknown 1) until it answers; the last known holders are kept, and renamed EFAs keep their IDs"
+                    );
+                }
+                Holdings {
+                    known: false,
+                    ..current.clone()
+                }
+            }
         };
         if next.known {
             warn_of_foreign(&next, &mut self.warned);
@@ -477,7 +508,7 @@ mod tests {
         let contributors =
             allocation::contributors(dir.path(), &BTreeMap::new(), allocation::FoundNodes::none());
         let allocator =
-            Allocator::new(Box::new(DeviceSpecs), contributors).with_holdings(holdings.subscribe());
+            Allocator::new(Box::new(DeviceSpecs), contributors).with_holdings(holdings.clone());
         let offered: Vec<String> = efas.iter().map(|e| e.id.clone()).collect();
         let free = [efas[2].id.clone(), efas[3].id.clone()];
 
@@ -509,14 +540,27 @@ mod tests {
         kubelet = PodResourcesStub::start(&socket, pods.clone()).unwrap();
         assert_eq!(*view_until(&holdings, |v| !v.stale).await, *fresh);
 
-        // A kubelet away for longer than the view is trusted leaves it unknown; its return
-        // brings the same pods back, of whom no one is warned again.
-        kubelet.refuse(tonic::Code::Unavailable);
+        // A kubelet away for longer than the view is trusted leaves it unknown, never empty:
+        // the last holders stay, still stale, preferred allocations still avoid them, and one
+        // line says so. Its return brings the same pods back, of whom no one is warned again.
+        kubelet.refuse(tonic::Code::ResourceExhausted);
         let since = Instant::now();
         view_until(&holdings, |v| v.stale).await;
         let unknown = view_until(&holdings, |v| !v.known).await;
         assert!(since.elapsed() > STALE_LIMIT, "{:?}", since.elapsed());
-        assert_eq!(*unknown, Holdings::default());
+        assert!(unknown.stale, "the outage goes on: {unknown:?}");
+        assert_eq!(unknown.holders, fresh.holders);
+        assert_eq!(unknown.foreign, fresh.foreign);
+        assert_eq!(unknown.foreign_devices, fresh.foreign_devices);
+        tokio::time::sleep(A_POLL * 3).await;
+        assert_eq!(prefer(&allocator, &state, &offered), free, "unknown");
+        let said_unknown = |log: &Log| {
+            log.warnings()
+                .into_iter()
+                .filter(|line| line.contains("has not answered for too long"))
+                .count()
+        };
+        assert_eq!(said_unknown(&log), 1, "{:#?}", log.warnings());
         kubelet.recover();
         assert_eq!(*view_until(&holdings, |v| v.known).await, *fresh);
         let warned: Vec<String> = log

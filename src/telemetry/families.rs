@@ -40,6 +40,7 @@ pub const FAMILIES: &[Family] = &[
     CDI_SPEC_WRITE_FAILURES,
     DEVICES,
     DEVICE_HEALTHY,
+    UNHEALTHY_DEVICES,
     REGISTERED,
     REGISTRATIONS,
     KUBELET_RESTARTS,
@@ -50,6 +51,7 @@ pub const FAMILIES: &[Family] = &[
     FOREIGN_ALLOCATIONS,
     DRA_CONFLICT_HELD_DEVICES,
     POD_RESOURCES_STALE,
+    POD_RESOURCES_UNKNOWN,
     DOUBLE_BOOKED_DEVICES,
     RDMA_NETNS_EXCLUSIVE,
     HARDWARE_COUNTER,
@@ -91,6 +93,15 @@ pub(crate) const DEVICE_HEALTHY: Family = Family {
     help: "1 while the kubelet is told this EFA is Healthy, 0 while Unhealthy (list gives the \
            reason)",
     labels: &["device", "ibdev"],
+};
+
+/// One series per `state::Failure`, 0 included, so the label set is closed and always there.
+pub(crate) const UNHEALTHY_DEVICES: Family = Family {
+    name: "efa_device_plugin_unhealthy_devices",
+    kind: MetricType::Gauge,
+    help: "EFA devices advertised Unhealthy, by reason: admin_queue_closed, device_node, \
+           dra_conflict, unreadable or vanished",
+    labels: &["reason"],
 };
 
 pub(crate) const REGISTERED: Family = Family {
@@ -168,7 +179,16 @@ pub(crate) const POD_RESOURCES_STALE: Family = Family {
     name: "efa_device_plugin_pod_resources_stale",
     kind: MetricType::Gauge,
     help: "1 while the kubelet's PodResources API fails and the pod view (allocations, foreign \
-           IDs) is its last good answer, kept for at most 5 minutes",
+           IDs) is its last good answer",
+    labels: &[],
+};
+
+pub(crate) const POD_RESOURCES_UNKNOWN: Family = Family {
+    name: "efa_device_plugin_pod_resources_unknown",
+    kind: MetricType::Gauge,
+    help: "1 while the plugin cannot tell which pods hold which EFAs: the kubelet's PodResources \
+           API has not answered since the start, or not for 5 minutes; the last known holders \
+           are kept",
     labels: &[],
 };
 
@@ -177,7 +197,8 @@ pub(crate) const DOUBLE_BOOKED_DEVICES: Family = Family {
     kind: MetricType::Gauge,
     help: "Devices (EFAs, or replicas under sharing) that the kubelet's PodResources lists in \
            two or more pods at once, in two answers in a row: the kubelet gave one ID out twice \
-           (kubernetes PR #137534, every kubelet up to 1.37)",
+           (kubernetes PR #137534, every kubelet up to 1.37), or pods hold replica IDs of an \
+           EFA given out under an earlier sharing count",
     labels: &[],
 };
 

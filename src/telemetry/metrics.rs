@@ -21,13 +21,12 @@ use prometheus_client::encoding::{DescriptorEncoder, prometheus_text};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
-use tokio::sync::watch;
 
 use super::counters::{CounterFiles, DeviceCounters};
 use super::families::{self, Family};
 use crate::allocation::metrics::AllocationMetrics;
 use crate::health::ScanStats;
-use crate::state::{DeviceReader, Holdings, StatusReader};
+use crate::state::{DeviceReader, Failure, Holdings, Reader, StatusReader};
 
 /// The `Content-Type` of what [`Metrics::scrape`] returns.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -37,7 +36,7 @@ pub struct Metrics {
     registry: Registry,
     state: DeviceReader,
     counters: Arc<CounterFiles>,
-    holdings: watch::Receiver<Arc<Holdings>>,
+    holdings: Reader<Arc<Holdings>>,
     /// Whether scrapes name the containers holding each device.
     pod_labels: bool,
     /// When the latest scrape was taken, and the scrape while a client still reads it.
@@ -51,7 +50,7 @@ impl Metrics {
         allocations: &AllocationMetrics,
         scans: Arc<ScanStats>,
         sysfs_root: &Path,
-        holdings: watch::Receiver<Arc<Holdings>>,
+        holdings: Reader<Arc<Holdings>>,
         pod_labels: bool,
     ) -> Self {
         let mut registry = Registry::default();
@@ -318,7 +317,7 @@ struct PluginCollector {
     state: DeviceReader,
     status: StatusReader,
     scans: Arc<ScanStats>,
-    holdings: watch::Receiver<Arc<Holdings>>,
+    holdings: Reader<Arc<Holdings>>,
 }
 
 impl fmt::Debug for PluginCollector {
@@ -346,6 +345,14 @@ impl Collector for PluginCollector {
             (labels, gauge(i64::from(record.is_healthy())))
         });
         families::DEVICE_HEALTHY.encode(&mut encoder, each)?;
+        let by_failure = Failure::ALL.map(|failure| {
+            let count = inventory
+                .devices()
+                .filter(|record| record.verdict.cause == Some(failure))
+                .count();
+            ([failure.label()], gauge(count as i64))
+        });
+        families::UNHEALTHY_DEVICES.encode(&mut encoder, by_failure)?;
         // The condition /readyz reports: without a stream the kubelet cannot see the devices.
         let registered = status.registered && status.open_streams > 0;
         families::REGISTERED.encode(&mut encoder, [([], gauge(i64::from(registered)))])?;
@@ -384,6 +391,7 @@ impl Collector for PluginCollector {
                 count(holdings.unseen_by_dra(&inventory)),
             ),
             (&families::POD_RESOURCES_STALE, i64::from(holdings.stale)),
+            (&families::POD_RESOURCES_UNKNOWN, i64::from(!holdings.known)),
             (
                 &families::DOUBLE_BOOKED_DEVICES,
                 count(holdings.double_booked.len()),

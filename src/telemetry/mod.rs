@@ -22,18 +22,13 @@ pub enum LogFormat {
     Json,
 }
 
-/// Installs the global subscriber. `RUST_LOG`, when set, overrides `level`.
+/// Installs the global subscriber, logging at `level`. `RUST_LOG` is no concern of it: the
+/// settings read it, with `--log-level`, and have judged what `level` holds.
 pub(crate) fn init_logging(format: LogFormat, level: EnvFilter) -> anyhow::Result<()> {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(directives) if !directives.is_empty() => {
-            EnvFilter::try_new(directives).map_err(|err| anyhow::anyhow!("RUST_LOG: {err}"))?
-        }
-        _ => level,
-    };
     // Colour codes only for a person at a terminal; in a container log they are noise.
     let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+        .with_env_filter(level)
         .with_writer(move || Escaping {
             out: std::io::stderr(),
             keep_escape: ansi,

@@ -214,10 +214,16 @@ impl KubeletStub {
         }
     }
 
-    /// Stops serving and deletes `kubelet.sock`.
-    pub async fn stop(mut self) {
+    /// Stops serving and deletes `kubelet.sock`, as a node whose kubelet has not started yet:
+    /// [`Self::restart`] starts it.
+    pub async fn power_off(&mut self) {
         self.shutdown().await;
         let _ = std::fs::remove_file(self.dir.join(KUBELET_SOCKET));
+    }
+
+    /// Stops serving and deletes `kubelet.sock`.
+    pub async fn stop(mut self) {
+        self.power_off().await;
     }
 }
 

@@ -621,7 +621,7 @@ impl FakeNode {
         )?;
         self.bind(device)?;
 
-        let ibdev_dir = function.join("infiniband").join(&device.ibdev);
+        let ibdev_dir = self.ibdev_dir(device);
         fs::create_dir_all(ibdev_dir.join("ports/1/hw_counters"))?;
         fs::create_dir_all(ibdev_dir.join("hw_counters"))?;
         write(&ibdev_dir.join("node_type"), "7: unspecified")?;
@@ -740,6 +740,18 @@ impl FakeNode {
         }
     }
 
+    /// Sets a device-level counter under `hw_counters`, as the driver's admin queue would
+    /// (`no_completion_cmds` for a command that got no completion).
+    pub fn set_device_counter(
+        &self,
+        device: &FakeDevice,
+        counter: &str,
+        value: u64,
+    ) -> io::Result<()> {
+        let path = self.ibdev_dir(device).join("hw_counters").join(counter);
+        write(&path, &value.to_string())
+    }
+
     /// Sets a port counter, as traffic through the device would.
     pub fn set_port_counter(
         &self,
@@ -748,12 +760,17 @@ impl FakeNode {
         value: u64,
     ) -> io::Result<()> {
         let path = self
-            .function_dir(device)
-            .join("infiniband")
-            .join(&device.ibdev)
+            .ibdev_dir(device)
             .join("ports/1/hw_counters")
             .join(counter);
         write(&path, &value.to_string())
+    }
+
+    /// The device's RDMA entry below its PCI function, where the class entry links to.
+    fn ibdev_dir(&self, device: &FakeDevice) -> PathBuf {
+        self.function_dir(device)
+            .join("infiniband")
+            .join(&device.ibdev)
     }
 }
 
