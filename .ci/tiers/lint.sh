@@ -34,17 +34,21 @@ cargo --version
 echo "--> cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "--> cargo clippy"
-cargo clippy --all-targets --locked -- -D warnings
+echo "--> cargo clippy (the plugin and the end-to-end runner)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+# The plugin alone, as the image builds it: the runner's dependency on the test kit would turn the
+# test kit on.
 echo "--> cargo clippy --no-default-features (the image's build: no demo, no test kit)"
-cargo clippy --all-targets --locked --no-default-features -- -D warnings
+cargo clippy --all-targets --locked --no-default-features -p efa-device-plugin -- -D warnings
 
 echo "--> cargo deny $cargo_deny_version"
 install_cargo_deny
 # The licence check reads every crate's manifest, for every target platform, while a build
 # downloads only this one's: fetch them all first, so the check itself can stay offline.
 cargo fetch --locked --quiet
+# --workspace: the root is a package, so without it only the plugin's graph would be checked and
+# not the end-to-end runner's.
 # --offline: the check reads only Cargo.lock and the local registry, so it needs no network.
 # Advisories are left out because they need the network (see deny.toml). A duplicate-version
 # warning names both versions; `cargo deny check bans` without the flag shows who pulls each in.
-"$cargo_deny_root/bin/cargo-deny" --offline --locked check --hide-inclusion-graph licenses bans sources
+"$cargo_deny_root/bin/cargo-deny" --workspace --offline --locked check --hide-inclusion-graph licenses bans sources

@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-cargo test --locked
+# --workspace: the plugin and the end-to-end runner (tests/e2e/runner), whose unit tests need no
+# kubelet (its case table against docs/testing.md among them).
+cargo test --locked --workspace

@@ -21,6 +21,9 @@ EFA_PORT_COUNTERS=(tx_bytes rx_bytes tx_pkts rx_pkts)
 # The port counters only Nitro v4 and later show (r2.17.0).
 EFA_NITRO_V4_PORT_COUNTERS=(retrans_bytes retrans_pkts retrans_timeout_events
 	unresponsive_remote_events impaired_remote_conn_events)
+# The device-level counters every efa driver exposes under hw_counters (efa_verbs.c,
+# efa_fill_device_stats), as testkit's DEVICE_COUNTERS: a closed admin queue shows there.
+EFA_DEVICE_COUNTERS=(submitted_cmds completed_cmds cmds_err no_completion_cmds keep_alive_rcvd)
 
 # PCI address of the EFA with uverbs index $1: its device ID under
 # device-id-strategy pci.
@@ -78,6 +81,10 @@ add_fake_efa() {
 	mkdir -p "$fn/infiniband/$ibdev/ports/1/hw_counters"
 	for counter in "${counters[@]}"; do
 		echo $((1000 * (i + 1))) >"$fn/infiniband/$ibdev/ports/1/hw_counters/$counter"
+	done
+	mkdir -p "$fn/infiniband/$ibdev/hw_counters"
+	for counter in "${EFA_DEVICE_COUNTERS[@]}"; do
+		echo 0 >"$fn/infiniband/$ibdev/hw_counters/$counter"
 	done
 	ln -s "../../../$bdf" "$fn/infiniband/$ibdev/device"
 	ln -sr "$fn/infiniband/$ibdev" "$sys/class/infiniband/$ibdev"

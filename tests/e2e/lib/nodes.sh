@@ -114,8 +114,7 @@ make_node_namespace() {
 	home=$(node_home "$node")
 	start_daemon "holder-$node" unshare --mount --propagation slave sleep infinity
 	NODE_HOLDER[$node]=${PIDS[holder-$node]}
-	wait_until 10 own_mount_namespace "${NODE_HOLDER[$node]}" || return 1
-	NODE_MOUNTS[$node]=$(readlink "/proc/${NODE_HOLDER[$node]}/ns/mnt")
+	wait_until 10 holder_has_own_mounts "$node" || return 1
 	for target in "${!NODE_BINDS[@]}"; do
 		src=$home/${NODE_BINDS[$target]}
 		mkdir -p "$src" "$target" &&
@@ -124,7 +123,17 @@ make_node_namespace() {
 	done
 }
 
-own_mount_namespace() { [[ $(readlink "/proc/$1/ns/mnt") != $(readlink /proc/self/ns/mnt) ]]; }
+# holder_has_own_mounts NODE: sets NODE_MOUNTS[NODE] once NODE's holder is in a
+# mount namespace of its own. One read decides: a link that cannot be read
+# (the holder between fork and exec can refuse it) or that still names the
+# suite's own namespace is no answer, since kill_in_mount_namespace later kills
+# every process in the namespace recorded here.
+holder_has_own_mounts() {
+	local ns
+	ns=$(readlink "/proc/${NODE_HOLDER[$1]}/ns/mnt" 2>/dev/null) || return 1
+	[[ -n $ns && $ns != "$(readlink /proc/$$/ns/mnt)" ]] || return 1
+	NODE_MOUNTS[$1]=$ns
+}
 
 # make_node_cgroup_root NODE: /efa-e2e-NODE in every v1 hierarchy, with the
 # cpuset copied from the parent (a new cpuset holds no CPUs).
@@ -302,10 +311,11 @@ remove_node() {
 # kill_in_mount_namespace NS: kills whatever still runs in the mount namespace
 # NS (as readlink /proc/PID/ns/mnt names it), so that the namespace goes, and
 # with it the pod network namespaces bound in it: a network namespace that
-# outlived its node would keep its pod's address on the bridge.
+# outlived its node would keep its pod's address on the bridge. The suite's own
+# namespace is never NS: that would kill the suite and whatever runs it.
 kill_in_mount_namespace() {
 	local proc
-	[[ -n $1 ]] || return 0
+	[[ -n $1 && $1 != "$(readlink /proc/$$/ns/mnt)" ]] || return 0
 	for proc in /proc/[0-9]*; do
 		[[ $(readlink "$proc/ns/mnt" 2>/dev/null) == "$1" ]] && kill -KILL "${proc#/proc/}" 2>/dev/null
 	done

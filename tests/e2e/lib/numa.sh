@@ -5,12 +5,19 @@
 # the kubelet two nodes, each with a share of the real CPUs (their cpuN links
 # resolve through the real /sys/devices/system/cpu), half the memory, the
 # hugepage sizes the host has and a distance table. Nothing outside the
-# namespace sees the mount, and it goes with the namespace.
+# namespace sees the mount, and it goes with the namespace; the e2e runner
+# checks both before the kubelet starts.
 
 NODE_SYSFS=/sys/devices/system/node
 
-# in_private_mount_namespace: this shell's mount namespace is not init's.
-in_private_mount_namespace() { [[ $(readlink /proc/self/ns/mnt) != $(readlink /proc/1/ns/mnt) ]]; }
+# in_private_mount_namespace: this shell's mount namespace is not the one the
+# suite was started in (EFA_DP_E2E_OUTER_MOUNTS, set before its unshare). Init's
+# is no reference: its link cannot always be read, and "" differs from any.
+in_private_mount_namespace() {
+	local own
+	own=$(readlink /proc/self/ns/mnt) || return 1
+	[[ -n ${EFA_DP_E2E_OUTER_MOUNTS:-} && $own != "$EFA_DP_E2E_OUTER_MOUNTS" ]]
+}
 
 # make_two_node_tree DIR: the fake tree, from the real one: the first half of
 # the CPUs on node 0, the rest on node 1. Needs at least two CPUs.
@@ -48,10 +55,4 @@ make_two_node_tree() {
 mount_two_node_tree() {
 	in_private_mount_namespace || { echo "not in a private mount namespace" >&2; return 1; }
 	mount --bind "$1" "$NODE_SYSFS"
-}
-
-# numa_nodes_seen: the node IDs the tree at $NODE_SYSFS gives, as cAdvisor finds them.
-numa_nodes_seen() {
-	local d
-	for d in "$NODE_SYSFS"/node*[0-9]; do echo "${d##*/node}"; done | paste -sd' '
 }

@@ -182,12 +182,14 @@ def plugin_log(path):
 
 
 def warned_pairs(path):
-    """(node, pod, pod) of every double-booking warning in the plugins' logs."""
-    return {
-        (node, *sorted((record.get("pod"), record.get("other_pod"))))
-        for node, record in plugin_log(path)
-        if "double-booked" in str(record.get("message", ""))
-    }
+    """(node, pod, pod) of every pair of pods a double-booking warning in the plugins' logs
+    names (`pods`, comma-separated)."""
+    pairs = set()
+    for node, record in plugin_log(path):
+        if "double-booked" in str(record.get("message", "")):
+            pods = sorted(filter(None, str(record.get("pods", "")).split(",")))
+            pairs.update((node, a, b) for i, a in enumerate(pods) for b in pods[i + 1:])
+    return pairs
 
 
 def reoffers(path, within=1.0):

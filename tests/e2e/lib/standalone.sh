@@ -1,13 +1,12 @@
 # shellcheck shell=bash
 # A standalone kubelet (no API server, static pods) on a private containerd,
 # with the plugin's release binary as its device plugin: the bring-up the
-# kubelet and topology suites share, and what they read back from the
-# kubelet. The caller sources suite.sh first and sets SUITE; T and the
-# daemons' PIDs live here.
+# kubelet and topology suites share. Bash builds the binaries, records the
+# host, starts containerd and writes the kubelet's config; the e2e runner
+# (tests/e2e/runner) starts the kubelet and the plugins and runs the cases.
+# The caller sources suite.sh first and sets SUITE; T lives here.
 # shellcheck disable=SC2034 # the globals below are the sourcing suite's too
 
-CHECKPOINT=$DP_DIR/kubelet_internal_checkpoint
-PLUGIN_SOCKET=$DP_DIR/efa-device-plugin.sock
 NODE=efa-e2e
 KUBELET_PORT=10250
 KUBELET_RO_PORT=10255
@@ -20,16 +19,13 @@ HOST_PATHS=(/var/lib/kubelet /var/log/containers /run/containerd /run/netns /var
 T=
 KUBELET=
 PLUGIN=
-KUBELET_PID=
-KUBELET_STARTS=0
+RUNNER=
 CONTAINERD_PID=
-PLUGIN_PID=
-PLUGIN_STARTS=0
 
 ctr_k8s() { ctr --address "$T/containerd/containerd.sock" --namespace k8s.io "$@"; }
 
-# prepare_standalone: root, the lock, packages, the kubelet and plugin
-# binaries, the temp dir and the record of the host; fails the setup
+# prepare_standalone: root, the lock, packages, the kubelet, plugin and
+# runner binaries, the temp dir and the record of the host; fails the setup
 # otherwise. Nothing is started yet.
 prepare_standalone() {
 	claim_host
@@ -39,6 +35,7 @@ prepare_standalone() {
 	note "kubelet $KUBE_VERSION (cached in $CACHE)"
 	KUBELET=$(kube_binaries "$CACHE" kubelet)/kubelet || fail_setup "kubelet $KUBE_VERSION build failed"
 	PLUGIN=$(static_plugin_binary "$REPO") || fail_setup "static release build of the plugin failed"
+	RUNNER=$(runner_binary) || fail_setup "build of the e2e runner failed"
 
 	make_run_dir efa-dp-e2e
 	remember_host_state "${HOST_PATHS[@]}"
@@ -46,14 +43,12 @@ prepare_standalone() {
 	require_free_ports kubelet "$KUBELET_PORT" "$KUBELET_RO_PORT" "$KUBELET_HEALTHZ_PORT"
 }
 
-# start_standalone [KUBELET_CONFIG_LINE...]: containerd, then the kubelet with
-# the given lines added to its config; fails the setup otherwise.
+# start_standalone: containerd up with the test images, and the kubelet's
+# config written; fails the setup otherwise. The runner starts the kubelet.
 start_standalone() {
 	note "starting containerd"
 	start_containerd || fail_setup "containerd did not start or import images (see $(tail -3 "$T/logs/containerd.log"))"
-	write_kubelet_config "$@"
-	note "starting kubelet"
-	start_kubelet || fail_setup "kubelet not healthy within 60s: $(tail -3 "$(kubelet_log)")"
+	write_kubelet_config
 }
 
 start_containerd() {
@@ -87,12 +82,11 @@ start_containerd() {
 	import_test_images "$BUSYBOX"
 }
 
-# write_kubelet_config [LINE...]: the kubelet's config, with LINE... (YAML
-# fields) added at the end.
+# write_kubelet_config: the kubelet's config; a suite's runner adds its own
+# fields at the end (the topology suite's policies).
 write_kubelet_config() {
-	local cgroups extra
+	local cgroups
 	cgroups=$(kubelet_cgroup_settings)
-	extra=$(printf '%s\n' "$@")
 	mkdir -p "$T/kubelet/root" "$T/manifests" "$T/manifests.tmp" "$T/out"
 	# Standalone (no API server): pods come from staticPodPath and the test
 	# reads their status from the read-only port, bound to loopback only.
@@ -121,118 +115,41 @@ write_kubelet_config() {
 		imageGCHighThresholdPercent: 100
 		imageGCLowThresholdPercent: 99
 		evictionHard: {memory.available: 1Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
-		$extra
 	EOF
 }
 
-start_kubelet() {
-	KUBELET_STARTS=$((KUBELET_STARTS + 1))
-	"$KUBELET" --config="$T/kubelet/config.yaml" --root-dir="$T/kubelet/root" \
-		--cert-dir="$T/kubelet/pki" --hostname-override="$NODE" --v=2 \
-		>"$(kubelet_log)" 2>&1 9>&- &
-	KUBELET_PID=$!
-	wait_until 60 curl -sf "http://127.0.0.1:$KUBELET_HEALTHZ_PORT/healthz" -o /dev/null
+# runner_binary: builds the runner (debug: it waits on daemons, and its build
+# reuses most of the lint and unit tiers') and prints its path.
+runner_binary() {
+	(cd "$REPO" && cargo build --locked -p efa-e2e-runner >&2) || return 1
+	printf '%s\n' "${CARGO_TARGET_DIR:-$REPO/target}/debug/efa-e2e-runner"
 }
 
-kubelet_log() { echo "$T/logs/kubelet.$KUBELET_STARTS.log"; }
-
-# start_plugin SYSFS_ROOT DEV_ROOT [FLAG...]: the plugin on a fake host, with
-# this kubelet's PodResources, FLAG... added.
-start_plugin() {
-	local sys=$1 dev=$2
-	shift 2
-	PLUGIN_STARTS=$((PLUGIN_STARTS + 1))
-	"$PLUGIN" --sysfs-root "$sys" --dev-root "$dev" --device-plugin-dir "$DP_DIR" \
-		--pod-resources-socket "$T/kubelet/root/pod-resources/kubelet.sock" \
-		--rescan-interval 500ms "$@" >"$(plugin_log)" 2>&1 9>&- &
-	PLUGIN_PID=$!
-}
-
-plugin_log() { echo "$T/logs/plugin.$PLUGIN_STARTS.log"; }
-
-# plugin_metrics: the plugin's /metrics text (its default address).
-plugin_metrics() { curl -sf --max-time 5 "http://127.0.0.1:9465/metrics"; }
-
-# Tab-separated phase, reason, uid, message of a static pod, or "Absent".
-pod_status() {
-	python3 "$HERE/lib/kubeinfo.py" pod "http://127.0.0.1:$KUBELET_RO_PORT/pods" "$1-$NODE" 2>/dev/null ||
-		echo "Unreachable"
-}
-
-pod_phase_is() { [[ $(pod_status "$1" | cut -f1) == "$2" ]]; }
-
-remove_pod() {
-	rm -f "$T/manifests/$1.json"
-	wait_until 60 pod_phase_is "$1" Absent
-}
-
-# remove_pods [KEEP...]: every static pod but those named KEEP... gone, with
-# its output dir.
-# shellcheck disable=SC2120 # KEEP is optional
-remove_pods() {
-	local f name
-	for f in "$T"/manifests/*.json; do
-		[[ -e $f ]] || continue
-		name=$(basename "$f" .json)
-		named_in "$name" "$@" || rm -f "$f"
-	done
-	for f in "$T"/out/*/; do
-		[[ -d $f ]] || continue
-		name=$(basename "$f")
-		named_in "$name" "$@" && continue
-		if ! wait_until 60 pod_phase_is "$name" Absent; then
-			REASON="pod $name still listed 60s after its manifest was removed"
-			return 1
-		fi
-		# The kubelet stops listing a static pod before its container has
-		# stopped, and a container still writing there fails a single rm.
-		if ! wait_until 30 rm_quietly "$f"; then
-			REASON="$f still written 30s after pod $name left the kubelet's list"
-			return 1
-		fi
-	done
-}
-
-rm_quietly() { rm -rf "$1" 2>/dev/null; }
-
-# named_in NAME WORD...: NAME is one of WORD...
-named_in() {
-	local name=$1 word
+# run_runner SUITE [FLAG...]: the runner starts the kubelet and the plugins
+# and runs SUITE's cases, printing their lines; its tally becomes the suite's
+# last line.
+run_runner() {
+	local suite=$1 rc times
 	shift
-	for word in "$@"; do
-		[[ $word == "$name" ]] && return 0
-	done
-	return 1
+	"$RUNNER" --suite "$suite" --run-dir "$T" --kubelet "$KUBELET" --plugin "$PLUGIN" \
+		--kube-version "$KUBE_VERSION" --node-name "$NODE" --device-plugin-dir "$DP_DIR" \
+		--read-only-port "$KUBELET_RO_PORT" --healthz-port "$KUBELET_HEALTHZ_PORT" "$@" 9>&-
+	rc=$?
+	if ! read -r PASSED FAILED SKIPPED <"$T/tally" 2>/dev/null; then
+		echo "FAIL (aborted) the runner exited with status $rc and no tally"
+		FAILED=$((FAILED + 1))
+	fi
+	times=$(cut -f1,2 "$T/logs/case-times.tsv" 2>/dev/null) && note "case times (s): $(tr '\t' '=' <<<"$times" | paste -sd' ')"
 }
 
-# registered_ids [RESOURCE]: the IDs the checkpoint lists for RESOURCE
-# (default ours), space-separated.
-registered_ids() {
-	python3 "$HERE/lib/kubeinfo.py" registered "$CHECKPOINT" "${1:-$RESOURCE}" 2>/dev/null | paste -sd' '
-}
-
-# registered_is IDS [RESOURCE]
-registered_is() { [[ $(registered_ids "${2:-}") == "$1" ]]; }
-
-# allocated_ids UID [RESOURCE]
-allocated_ids() {
-	python3 "$HERE/lib/kubeinfo.py" allocated "$CHECKPOINT" "$1" "${2:-$RESOURCE}" 2>/dev/null | paste -sd' '
-}
-
-# Number of registrations of RESOURCE (default ours) in the current kubelet's log.
-registrations() {
-	grep -c "Got registration request from device plugin with resource.*\"${1:-$RESOURCE}\"" "$(kubelet_log)"
-}
-
-# registered_since COUNT IDS: the current kubelet logged more than COUNT
-# registrations and its checkpoint lists IDS.
-registered_since() { (($(registrations) > $1)) && registered_is "$2"; }
-
-# stop_standalone: the plugin, the kubelet and containerd, by PID, then the
-# host as it was. For the suite's cleanup.
+# stop_standalone: whatever the runner started and did not stop (it was
+# killed, or interrupted with the suite), by the PIDs it recorded, then
+# containerd, then the host as it was. For the suite's cleanup.
 stop_standalone() {
-	[[ -n $PLUGIN_PID ]] && stop_pid "$PLUGIN_PID" 10
-	[[ -n $KUBELET_PID ]] && stop_pid "$KUBELET_PID" 30
+	local pid_file
+	for pid_file in "$T"/pids/*; do
+		[[ -f $pid_file ]] && stop_pid "$(cat "$pid_file")" 30
+	done
 	[[ -n $CONTAINERD_PID ]] && kill_containerd "$T/containerd/state" "$CONTAINERD_PID" ctr_k8s
 	restore_host_state "${HOST_PATHS[@]}"
 }

@@ -1,0 +1,37 @@
+//! A plain HTTP GET on loopback, as the bash suites used curl: the kubelet's read-only port and
+//! the plugin's metrics.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The body of `GET path` on `127.0.0.1:port`, if the answer is 200. HTTP/1.0, so the server
+/// closes the connection after a body that is never chunked.
+pub fn get(port: u16, path: &str) -> Result<String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut stream =
+        TcpStream::connect_timeout(&addr, TIMEOUT).with_context(|| format!("connect to {addr}"))?;
+    stream.set_read_timeout(Some(TIMEOUT))?;
+    stream.set_write_timeout(Some(TIMEOUT))?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+    )?;
+    let mut response = Vec::new();
+    stream
+        .read_to_end(&mut response)
+        .with_context(|| format!("read the answer to GET {addr}{path}"))?;
+    let response = String::from_utf8_lossy(&response);
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .with_context(|| format!("GET {addr}{path}: no end of headers"))?;
+    let status = head.lines().next().unwrap_or_default();
+    if status.split_whitespace().nth(1) != Some("200") {
+        bail!("GET {addr}{path}: {status}");
+    }
+    Ok(body.to_owned())
+}
