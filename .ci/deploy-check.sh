@@ -274,6 +274,104 @@ smoke_test_binary() {
     "$bin" --sysfs-root "$work/empty-sysfs" --dev-root "$work/empty-dev" list
 }
 
+# The node-mode unit (manifests/systemd), by systemd-analyze's offline forms, which need no
+# running systemd: verify in a scratch root holding systemd's own units and the release binary
+# where ExecStart names it; the sandbox's exposure at most 2.0 (--threshold counts tenths); the
+# tmpfiles.d entry makes every dir the unit's ReadWritePaths needs; and the default config the
+# unit names is one the binary reads.
+check_systemd_unit() {
+  local bin=$1 root=$work/systemd-root unit=manifests/systemd/efa-device-plugin.service exposure
+  apt_install systemd-analyze:systemd || return 1
+  rm -rf "$root" && mkdir -p "$root/usr/bin" "$root/etc/systemd/system" "$root/usr/lib/systemd" &&
+    cp -r /usr/lib/systemd/system "$root/usr/lib/systemd/" &&
+    install -m 0755 "$bin" "$root/usr/bin/efa-device-plugin" &&
+    cp "$unit" "$root/etc/systemd/system/" &&
+    systemd-analyze verify --root="$root" efa-device-plugin.service || return 1
+  mkdir -p "$root/usr/lib/tmpfiles.d" &&
+    cp manifests/systemd/efa-device-plugin.tmpfiles "$root/usr/lib/tmpfiles.d/efa-device-plugin.conf" &&
+    systemd-tmpfiles --root="$root" --create efa-device-plugin.conf &&
+    [[ -d $root/var/lib/kubelet/device-plugins && -d $root/run/cdi ]] || return 1
+  exposure=$(systemd-analyze security --offline=true --threshold=20 "$unit") ||
+    { printf '%s\n' "$exposure" | grep -E '✗|Overall'; return 1; }
+  printf '%s\n' "$exposure" | tail -1
+  "$bin" --config manifests/systemd/config.yaml config >/dev/null
+}
+
+# Node mode's packages, as `bash .ci/release.sh packages DIR` builds them: the four files, named
+# as their formats name them; each holds its architecture's release binary (the one this tier
+# built), the unit, the tmpfiles entry, the config as a conffile, and the scripts. The amd64
+# .deb is then installed into a scratch root with dpkg (DPKG_ROOT for the scripts): it lays out
+# as docs/node-mode.md says, with the unit enabled and its dirs made, and its removal takes the
+# binary and the enabling link and keeps the config.
+check_packages() {
+  local dir=$work/packages root=$work/deb-root version want arch
+  apt_install rpm:rpm cpio:cpio || return 1
+  version=$(bash .ci/release.sh version)
+  bash .ci/release.sh packages "$dir" >/dev/null || return 1
+  for want in "efa-device-plugin_${version}-1_amd64.deb:$bin_amd64" "efa-device-plugin_${version}-1_arm64.deb:$bin_arm64" \
+    "efa-device-plugin-${version}-1.x86_64.rpm:$bin_amd64" "efa-device-plugin-${version}-1.aarch64.rpm:$bin_arm64"; do
+    if [[ ! -f $dir/${want%%:*} ]]; then
+      echo "no ${want%%:*} among: $(find "$dir" -type f -printf '%f ')"
+      return 1
+    fi
+    case $want in
+    *.deb:*) arch=${want%%.deb:*} && arch=${arch##*_} && deb_holds "$dir/${want%%:*}" "$arch" "${want#*:}" ;;
+    *) arch=${want%%.rpm:*} && arch=${arch##*.} && rpm_holds "$dir/${want%%:*}" "$arch" "${want#*:}" ;;
+    esac || { echo "${want%%:*}: its files, architecture, config file, scripts or binary are not as built"; return 1; }
+    echo "${want%%:*}: ${#package_files[@]} files, the $arch binary, config kept on upgrade, 3 scripts"
+  done
+  deb_installs "$root" "$dir/efa-device-plugin_${version}-1_amd64.deb"
+}
+
+# The files every package holds, without the leading slash.
+package_files=(usr/bin/efa-device-plugin usr/lib/systemd/system/efa-device-plugin.service
+  usr/lib/tmpfiles.d/efa-device-plugin.conf etc/efa-device-plugin/config.yaml)
+
+# deb_holds DEB ARCH BINARY: DEB holds exactly the package files, is for ARCH, keeps the config
+# as a conffile, has the three scripts, and its binary is BINARY.
+deb_holds() {
+  local script
+  diff <(dpkg-deb -c "$1" | awk '$1 !~ /^d/ { print substr($6, 3) }' | sort) \
+    <(printf '%s\n' "${package_files[@]}" | sort) || return 1
+  [[ $(dpkg-deb -f "$1" Architecture) == "$2" ]] || return 1
+  dpkg-deb -I "$1" conffiles | grep -qx /etc/efa-device-plugin/config.yaml || return 1
+  for script in postinst prerm postrm; do
+    dpkg-deb -I "$1" "$script" >/dev/null || return 1
+  done
+  cmp <(dpkg-deb --fsys-tarfile "$1" | tar -xO ./usr/bin/efa-device-plugin) "$3"
+}
+
+# rpm_holds RPM ARCH BINARY: rpm's view of the same.
+rpm_holds() {
+  diff <(rpm -qlp "$1" 2>/dev/null | sed 's|^/||' | sort) <(printf '%s\n' "${package_files[@]}" | sort) || return 1
+  [[ $(rpm -qp --qf '%{ARCH}' "$1" 2>/dev/null) == "$2" ]] || return 1
+  rpm -qp --configfiles "$1" 2>/dev/null | grep -qx /etc/efa-device-plugin/config.yaml || return 1
+  (($(rpm -qp --scripts "$1" 2>/dev/null | grep -c 'scriptlet') == 3)) || return 1
+  cmp <(rpm2cpio "$1" | cpio -i --quiet --to-stdout ./usr/bin/efa-device-plugin) "$3"
+}
+
+# deb_installs ROOT DEB: dpkg installs DEB into the scratch ROOT (its scripts honour DPKG_ROOT):
+# the binary, the config, the unit enabled and the dirs it needs made; removing it takes the
+# binary and the enabling link, and keeps the config.
+deb_installs() {
+  local root=$1 wants=etc/systemd/system/multi-user.target.wants/efa-device-plugin.service
+  rm -rf "$root" && mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" &&
+    touch "$root/var/lib/dpkg/status" || return 1
+  dpkg --root="$root" --force-script-chrootless --log=/dev/null -i "$2" >/dev/null || return 1
+  if [[ ! -x $root/usr/bin/efa-device-plugin || ! -f $root/etc/efa-device-plugin/config.yaml ||
+    $(readlink "$root/$wants") != /usr/lib/systemd/system/efa-device-plugin.service ||
+    ! -d $root/var/lib/kubelet/device-plugins || ! -d $root/run/cdi ]]; then
+    echo "the .deb did not lay out as documented: $(find "$root" -path "$root/var/lib/dpkg" -prune -o -print | paste -sd' ')"
+    return 1
+  fi
+  dpkg --root="$root" --force-script-chrootless --log=/dev/null -r efa-device-plugin >/dev/null || return 1
+  if [[ -e $root/usr/bin/efa-device-plugin || -L $root/$wants || ! -f $root/etc/efa-device-plugin/config.yaml ]]; then
+    echo "removing the .deb left the binary or the link, or took the config"
+    return 1
+  fi
+  echo "the amd64 .deb in a scratch root: binary, config, unit enabled, dirs made; removed: config kept"
+}
+
 # The arm64 binary, run under qemu-aarch64-static: --version and config say what the host binary
 # says, and list on the suites' fake p4d tree (tests/e2e/lib/fake-efa.sh) prints the same four
 # healthy devices. The tree has real uverbs device nodes, so it is made as root.
@@ -299,7 +397,7 @@ main() {
   step "install go tools (helm $HELM_VERSION, prometheus ${PROMETHEUS_VERSION}, kustomize ${kustomize_module##*@}, actionlint ${actionlint_module##*@})" install_go_tools
 
   step "hadolint Dockerfile" "$venv/bin/hadolint" Dockerfile
-  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh .ci/lib/*.sh .ci/tiers/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/e2e/topology/*.sh tests/e2e/cluster/*.sh tests/cdi/*.sh
+  step "shellcheck .ci and the end-to-end suites" "$venv/bin/shellcheck" -x .ci/run .ci/*.sh .ci/lib/*.sh .ci/tiers/*.sh tests/e2e/*.sh tests/e2e/lib/*.sh tests/e2e/cluster/*.sh tests/cdi/*.sh
   step "actionlint .github/workflows" lint_workflows
   step "release dry run: tag check, CHANGELOG notes, helm package" release_dry_run
   step "render manifests (kustomize base, labelled, cdi and prometheus-rule, helm default, labelled, cdi, prometheusRule and variant values)" render
@@ -328,6 +426,8 @@ main() {
   step "amd64 binary is static, no interpreter, under $((max_binary_bytes / 1000000)) MB" \
     check_static_binary "$bin_amd64" x86_64 4096
   step "binary runs --help and list on an empty sysfs" smoke_test_binary "$bin_amd64"
+  step "systemd unit: verify clean with the release binary, exposure at most 2.0, its config read" \
+    check_systemd_unit "$bin_amd64"
   step "binary has no demo, no test kit and no test switch" check_no_test_kit "$bin_amd64"
   step "manifests fit the binary's flags, defaults and paths" "$venv/bin/python" tests/deploy/drift_check.py \
     "$bin_amd64" "$repo" "$work/plain.yaml" "$work/helm.yaml" "$work/helm-variant.yaml" \
@@ -345,6 +445,8 @@ main() {
     step "arm64 binary runs --version, config and list on a fake p4d tree as the host binary does" arm64_runs
     step "release dry run: the amd64 and arm64 images in one OCI index, as the Dockerfile's final stage gives them" \
       release_image_index
+    step "node-mode packages: .deb and .rpm for amd64 and arm64, their contents, a .deb installed and removed in a scratch root" \
+      check_packages
   fi
   echo "deploy-check took $((SECONDS - start))s"
   if ((skipped)); then

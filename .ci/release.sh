@@ -6,13 +6,16 @@
 #                                      chart's version and appVersion must equal that version
 #   bash .ci/release.sh notes VERSION  prints the CHANGELOG.md section "## [VERSION]" (without its
 #                                      heading); fails if it is missing or empty
+#   bash .ci/release.sh packages DIR   builds node mode's .deb and .rpm for amd64 and arm64 into
+#                                      DIR from static release binaries, and prints their paths
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$PWD
 
 chart=manifests/helm/efa-device-plugin/Chart.yaml
 
 usage() {
-  echo "usage: .ci/release.sh version | versions TAG | notes VERSION" >&2
+  echo "usage: .ci/release.sh version | versions TAG | notes VERSION | packages DIR" >&2
   exit 2
 }
 
@@ -56,9 +59,54 @@ notes() {
   printf '%s\n' "$body"
 }
 
+# nFPM builds both formats for every architecture from one file, with no rpmbuild or dpkg
+# tooling: built once through the Go module proxy into the tools cache, like the deploy tier's
+# Go tools. Bumping the pin builds it again.
+nfpm_module=github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.48.0
+tools=${EFA_DP_TOOLS_CACHE:-/var/cache/efa-device-plugin-tools}
+
+nfpm_binary() {
+  local bin=$tools/bin/nfpm-${nfpm_module##*@}/nfpm
+  if [[ ! -x $bin ]]; then
+    GOBIN=$(dirname "$bin") GOMODCACHE=$tools/go/mod GOCACHE=$tools/go/build GOFLAGS=-modcacherw \
+      GOTOOLCHAIN=local CGO_ENABLED=0 go install "$nfpm_module" >&2 || return 1
+    rm -rf "$tools/go"
+  fi
+  printf '%s\n' "$bin"
+}
+
+# packages DIR: each architecture's static binary, as the image's build stage makes it, staged
+# with the unit, its tmpfiles entry, the default config and the scripts, then packed by
+# manifests/packages/nfpm.yaml as a .deb and an .rpm, named as each format names them.
+packages() {
+  local out=$1 version nfpm arch triple bin stage format
+  # shellcheck source=SCRIPTDIR/../tests/e2e/lib/build.sh
+  source tests/e2e/lib/build.sh
+  version=$(cargo_version)
+  nfpm=$(nfpm_binary) || return 1
+  mkdir -p "$out" && out=$(cd "$out" && pwd) || return 1
+  arm64_toolchain || return 1
+  for arch in amd64 arm64; do
+    triple=x86_64-unknown-linux-gnu
+    [[ $arch == arm64 ]] && triple=$ARM64_TRIPLE
+    bin=$(static_plugin_binary "$repo" "$triple") || return 1
+    stage=$(mktemp -d)
+    cp "$bin" "$stage/efa-device-plugin" &&
+      cp manifests/systemd/efa-device-plugin.service manifests/systemd/efa-device-plugin.tmpfiles \
+        manifests/systemd/config.yaml manifests/packages/*.sh "$stage/" || return 1
+    for format in deb rpm; do
+      (cd "$stage" && ARCH=$arch VERSION=$version "$nfpm" package --config "$repo/manifests/packages/nfpm.yaml" \
+        --packager "$format" --target "$out/") >&2 || return 1
+    done
+    rm -rf "$stage"
+  done
+  ls -1 "$out"/efa-device-plugin[-_]"$version"*
+}
+
 case $#:${1:-} in
 1:version) cargo_version ;;
 2:versions) versions "$2" ;;
 2:notes) notes "$2" ;;
+2:packages) packages "$2" ;;
 *) usage ;;
 esac

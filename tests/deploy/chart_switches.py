@@ -36,6 +36,9 @@ def main(values_path, rendered_path):
         "labelled scope keeps the Auto Mode exclusion": any(
             e["key"] == "eks.amazonaws.com/compute-type" and e["operator"] == "NotIn" for e in expressions
         ),
+        "labelled scope keeps node-mode nodes out": {
+            "key": "efa-device-plugin/node-mode", "operator": "DoesNotExist"
+        } in expressions,
         "nodeSelector is passed through": spec.get("nodeSelector") == values["nodeSelector"],
         "tolerations add to CriticalAddonsOnly": spec["tolerations"][0]["key"] == "CriticalAddonsOnly"
         and spec["tolerations"][1:] == values["tolerations"],
