@@ -27,6 +27,12 @@ python_tools=(
 # v5.8.3 needs Go 1.27; v5.8.2 builds with the Go that machines have today.
 kustomize_module=sigs.k8s.io/kustomize/kustomize/v5@v5.8.2
 actionlint_module=github.com/rhysd/actionlint/cmd/actionlint@v1.7.12
+# Node Problem Detector, to run monitoring/node-problem-detector/efa-kernel-monitor.json. cgo
+# stays off: the journald watcher, the one part that needs it, is only built with the journald
+# tag. The Stackdriver exporter and the custom-plugin and system-stats monitors are tagged out,
+# since the check uses none of them.
+npd_module=k8s.io/node-problem-detector@v1.36.0
+npd_tags=disable_stackdriver_exporter,disable_custom_plugin_monitor,disable_system_stats_monitor
 # The oldest Kubernetes the manifests support, the first with DRA generally
 # available, where EFA DRA drivers such as dra.net can appear, and the newest.
 kubernetes_versions=(1.30.0 1.34.0 1.37.0)
@@ -36,6 +42,7 @@ max_binary_bytes=$((15 * 1000 * 1000))
 venv="$cache/venv"
 kustomize="$cache/bin/kustomize-${kustomize_module##*@}/kustomize"
 actionlint="$cache/bin/actionlint-${actionlint_module##*@}/actionlint"
+npd="$cache/bin/node-problem-detector-${npd_module##*@}/nodeproblemdetector"
 
 work="$(mktemp -d)"
 # buildah's store and the fake tree's device nodes are root's when the tier runs through sudo.
@@ -79,6 +86,34 @@ install_go_tools() {
   local status=$?
   rm -rf "$cache/go"
   return "$status"
+}
+
+# NPD built in a scratch module, as tests/e2e/lib/build.sh builds its tools: `go install
+# MODULE@VERSION` would also ask the module proxy for NPD's version list, to look for a
+# deprecation, and the proxy refuses that list. The binary is renamed into place, so an
+# interrupted build leaves none; the module and build caches go, as in install_go_tools.
+npd_binary() {
+  [[ -x $npd ]] && return 0
+  local scratch status
+  scratch=$(mktemp -d) || return 1
+  (
+    cd "$scratch" &&
+      export GOMODCACHE="$cache/go/mod" GOCACHE="$cache/go/build" GOFLAGS="-mod=mod -modcacherw" \
+        GOTOOLCHAIN=local CGO_ENABLED=0 &&
+      go mod init efa-device-plugin-tools/npd &&
+      go get "$npd_module" &&
+      go build -tags "$npd_tags" -o "$scratch/nodeproblemdetector" "${npd_module%@*}/cmd/nodeproblemdetector" &&
+      mkdir -p "$(dirname "$npd")" && mv "$scratch/nodeproblemdetector" "$npd"
+  )
+  status=$?
+  rm -rf "$scratch" "$cache/go"
+  return "$status"
+}
+
+# The EFA kernel-log monitor in the real NPD, fed the driver's lines through a file.
+npd_check() {
+  npd_binary &&
+    python3 tests/deploy/npd_check.py "$npd" monitoring/node-problem-detector/efa-kernel-monitor.json "$work/npd"
 }
 
 # Each plain-manifest variant next to the chart values that should render it,
@@ -420,6 +455,8 @@ main() {
   step "dashboard: schema version, datasource variable, unique panel ids, no datasource UID, chart ConfigMap" \
     "$venv/bin/python" tests/deploy/dashboard_check.py manifests/helm/efa-device-plugin/dashboards/efa-device-plugin.json \
     "$work/helm-variant.yaml"
+  step "node-problem-detector ${npd_module##*@}: the EFA kernel-log monitor sets its condition's reason for each driver failure, and other lines change nothing" \
+    npd_check
 
   # The amd64 binary is the host's (CI and the suites run on amd64); arm64 is cross-built.
   step "static release build for x86_64-unknown-linux-gnu" static_build bin_amd64 x86_64-unknown-linux-gnu
