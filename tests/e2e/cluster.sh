@@ -62,6 +62,7 @@ SUITE=cluster
 T=
 BIN=
 PLUGIN=
+RUNNER=
 ARM64_PLUGIN=
 KUBECONFIG=
 declare -A PIDS=()
@@ -228,6 +229,7 @@ setup() {
 	mapfile -t OPERATOR_CRDS < <(prometheus_operator_crds "$CACHE") && [[ -f ${OPERATOR_CRDS[0]} && -f ${OPERATOR_CRDS[1]} ]] ||
 		fail_setup "cannot fetch the PodMonitor and PrometheusRule CRDs of prometheus-operator $PROMETHEUS_OPERATOR_VERSION"
 	PLUGIN=$(static_plugin_binary "$REPO") || fail_setup "static release build of the plugin failed"
+	RUNNER=$(runner_binary "$REPO") || fail_setup "build of the e2e runner failed"
 	arm64_toolchain || fail_setup "the arm64 toolchain could not be installed"
 	ARM64_PLUGIN=$(static_plugin_binary "$REPO" "$ARM64_TRIPLE") || fail_setup "static release build of the arm64 plugin failed"
 	prometheus_build
@@ -278,7 +280,11 @@ make_dev_shared() {
 # ---------------------------------------------------------------- cleanup
 
 cleanup() {
-	local i
+	local i pid_file
+	# What the runner started and did not stop (it was killed): node mode's plugin.
+	for pid_file in "$T"/pids/*; do
+		[[ -f $pid_file ]] && stop_pid "$(cat "$pid_file")" 30
+	done
 	# The pods first, while the kubelet can still stop them, so the plugin
 	# gets its SIGTERM and nothing is left to kill by force.
 	[[ -n ${PIDS[kubelet-$NODE]:-} ]] && alive "${PIDS[kubelet-$NODE]}" &&
@@ -322,7 +328,68 @@ cluster_cases() {
 	dra_cases
 	arm64_cases
 	fleet_cases
+	runner_cases
 	soak_cases
+}
+
+# runner_cases: the cases the typed runner (tests/e2e/runner) holds, run on the
+# cluster as the cases before left it. The runner asks the suite for the
+# infrastructure it keeps through two FIFOs, one request at a time (see
+# host_request); its tally joins the suite's.
+runner_cases() {
+	local dir=$T/runner line rc pid passed failed skipped
+	if ! { mkdir -p "$dir" && mkfifo "$dir/requests" "$dir/replies"; }; then
+		echo "FAIL (runner) cannot make its FIFOs in $dir"
+		FAILED=$((FAILED + 1))
+		return
+	fi
+	# Held open for reading and writing, so that neither side's open waits for
+	# the other's and a runner that dies early leaves nothing blocked.
+	exec 7<>"$dir/requests" 8<>"$dir/replies"
+	"$RUNNER" --suite cluster --run-dir "$T" --kubelet "$BIN/kubelet" --plugin "$PLUGIN" \
+		--kube-version "$KUBE_VERSION" --kubectl "$BIN/kubectl" --kubeconfig "$KUBECONFIG" \
+		--requests "$dir/requests" --replies "$dir/replies" 7<&- 8<&- 9>&- &
+	pid=$!
+	while alive "$pid"; do
+		IFS= read -r -t 1 -u 7 line || continue
+		# shellcheck disable=SC2086 # a request is words: VERB ARG...
+		host_request $line >"$dir/reply" 2>>"$T/logs/host-requests.log"
+		rc=$?
+		printf '%s %s\n' "$rc" "$(paste -sd'|' "$dir/reply")" >&8
+	done
+	wait "$pid"
+	rc=$?
+	exec 7<&- 8<&-
+	if ! read -r passed failed skipped <"$T/tally" 2>/dev/null; then
+		echo "FAIL (runner) exited with status $rc and no tally"
+		FAILED=$((FAILED + 1))
+		return
+	fi
+	PASSED=$((PASSED + passed)) FAILED=$((FAILED + failed)) SKIPPED=$((SKIPPED + skipped))
+}
+
+# host_request VERB ARG...: what the runner may ask of the suite. Prints the
+# answer, or the reason when the request fails.
+host_request() {
+	local verb=$1
+	shift
+	REASON=
+	case $verb in
+	# The fleet up and the chart installed anew with the suite's values and ARG...
+	chart) fleet_chart "$@" >/dev/null ;;
+	# Each node ARG... with a Ready plugin pod and its count allocatable.
+	serving) fleet_serving "$@" >/dev/null ;;
+	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
+	# Where the host sees what node ARG1 sees at path ARG2.
+	host_path) node_host_path "$@" ;;
+	*)
+		REASON="no such request"
+		false
+		;;
+	esac || {
+		echo "${REASON:-$verb failed}"
+		return 1
+	}
 }
 
 run_suite cluster_cases

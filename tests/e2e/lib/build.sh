@@ -274,6 +274,13 @@ plugin_image_index() {
 	buildah_in "$store" manifest push --all "$name" "oci-archive:$dir/index.tar:$name"
 }
 
+# runner_binary REPO: builds the e2e runner (debug: it waits on daemons, and
+# its build reuses most of the lint and unit tiers') and prints its path.
+runner_binary() {
+	(cd "$1" && cargo build --locked -p efa-e2e-runner >&2) || return 1
+	printf '%s\n' "${CARGO_TARGET_DIR:-$1/target}/debug/efa-e2e-runner"
+}
+
 # kubelet_cgroup_settings: what the kubelet config needs on this host. From
 # 1.35 the kubelet refuses cgroup v1 unless told otherwise; 1.31 to 1.34 know
 # the field and only warn.

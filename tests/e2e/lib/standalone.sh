@@ -35,7 +35,7 @@ prepare_standalone() {
 	note "kubelet $KUBE_VERSION (cached in $CACHE)"
 	KUBELET=$(kube_binaries "$CACHE" kubelet)/kubelet || fail_setup "kubelet $KUBE_VERSION build failed"
 	PLUGIN=$(static_plugin_binary "$REPO") || fail_setup "static release build of the plugin failed"
-	RUNNER=$(runner_binary) || fail_setup "build of the e2e runner failed"
+	RUNNER=$(runner_binary "$REPO") || fail_setup "build of the e2e runner failed"
 
 	make_run_dir efa-dp-e2e
 	remember_host_state "${HOST_PATHS[@]}"
@@ -116,13 +116,6 @@ write_kubelet_config() {
 		imageGCLowThresholdPercent: 99
 		evictionHard: {memory.available: 1Mi, nodefs.available: 1%, nodefs.inodesFree: 1%, imagefs.available: 1%}
 	EOF
-}
-
-# runner_binary: builds the runner (debug: it waits on daemons, and its build
-# reuses most of the lint and unit tiers') and prints its path.
-runner_binary() {
-	(cd "$REPO" && cargo build --locked -p efa-e2e-runner >&2) || return 1
-	printf '%s\n' "${CARGO_TARGET_DIR:-$REPO/target}/debug/efa-e2e-runner"
 }
 
 # run_runner SUITE [FLAG...]: the runner starts the kubelet and the plugins

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, anyhow, bail};
 
+use crate::cluster::{Cluster, health as cluster_health, node_mode};
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
 use crate::plugin::{Stopped, allocation_series, sample};
@@ -24,6 +25,8 @@ pub enum Suite {
     Kubelet,
     /// `tests/e2e/topology.sh`: the standalone kubelet on two NUMA nodes, next to a GPU plugin.
     Topology,
+    /// `tests/e2e/cluster.sh`: the cluster and its fleet, which the suite's bash brought up.
+    Cluster,
 }
 
 /// A case's body, on the fixture of its suite.
@@ -31,6 +34,7 @@ pub enum Suite {
 pub enum Run {
     Kubelet(fn(&mut Node) -> Result<Detail>),
     Topology(fn(&mut Topology) -> Result<Detail>),
+    Cluster(fn(&mut Cluster) -> Result<Detail>),
 }
 
 /// What a suite's cases run on: the host it brought up.
@@ -47,7 +51,7 @@ impl Fixture for Node {
     fn body(run: Run) -> Option<fn(&mut Node) -> Result<Detail>> {
         match run {
             Run::Kubelet(body) => Some(body),
-            Run::Topology(_) => None,
+            Run::Topology(_) | Run::Cluster(_) => None,
         }
     }
 
@@ -70,7 +74,7 @@ impl Fixture for Topology {
     fn body(run: Run) -> Option<fn(&mut Topology) -> Result<Detail>> {
         match run {
             Run::Topology(body) => Some(body),
-            Run::Kubelet(_) => None,
+            Run::Kubelet(_) | Run::Cluster(_) => None,
         }
     }
 
@@ -81,6 +85,22 @@ impl Fixture for Topology {
     fn stop(&mut self) {
         Topology::stop(self);
     }
+}
+
+impl Fixture for Cluster {
+    fn body(run: Run) -> Option<fn(&mut Cluster) -> Result<Detail>> {
+        match run {
+            Run::Cluster(body) => Some(body),
+            Run::Kubelet(_) | Run::Topology(_) => None,
+        }
+    }
+
+    fn diagnostics(&self) -> Vec<String> {
+        Cluster::diagnostics(self)
+    }
+
+    /// The cluster is the suite's to stop.
+    fn stop(&mut self) {}
 }
 
 /// Whether a case that runs from Kubernetes `since` (`v1.36`; `None`: every version) runs at
@@ -266,6 +286,18 @@ pub const CASES: &[Case] = &[
         "T11 single-numa-node, static CPU manager: Guaranteed 1 CPU + 1 EFA -> CPU 1 + a NUMA-1 EFA",
         topology::static_cpu_manager_picks_node_1,
     ),
+    Case {
+        id: "E1",
+        label: "(E1) admin queue closed on efa-b: a held and a free EFA leave allocatable, the holder runs on Unhealthy, EfaAdminCommandTimeouts names it; probed again, one comes back; cmds_err alone only alerts",
+        since: None,
+        run: Run::Cluster(cluster_health::admin_queue_closed),
+    },
+    Case {
+        id: "F11",
+        label: "(F11) one plugin per node: node mode on labelled efa-a, no DaemonSet pod there; unlabelled, the DaemonSet's pod comes second and never registers, allocations stay single",
+        since: None,
+        run: Run::Cluster(node_mode::one_plugin_per_node),
+    },
 ];
 
 fn done() -> Result<Detail> {
@@ -599,6 +631,7 @@ mod tests {
         match case.run {
             Run::Kubelet(_) => Suite::Kubelet,
             Run::Topology(_) => Suite::Topology,
+            Run::Cluster(_) => Suite::Cluster,
         }
     }
 
@@ -619,7 +652,8 @@ mod tests {
             .filter(|item| item.starts_with(prefix))
             .filter_map(|item| {
                 let (id, rest) = item.split_once(". ")?;
-                let (name, _) = rest.split_once(':')?;
+                // A row without a name before a colon is listed by its ID alone.
+                let name = rest.split_once(':').map_or("", |(name, _)| name);
                 Some((id.to_owned(), name.to_owned()))
             })
             .collect()
@@ -641,6 +675,7 @@ mod tests {
     fn name<'a>(id: &str, label: &'a str) -> &'a str {
         let label = label
             .strip_prefix(id)
+            .or_else(|| label.strip_prefix(&format!("({id})")))
             .and_then(|rest| rest.strip_prefix(' '))
             .unwrap_or(label);
         label.split_once(':').map_or(label, |(name, _)| name)
@@ -675,6 +710,61 @@ mod tests {
         );
         let found = differences(&docs, &table(Suite::Topology));
         assert!(found.is_empty(), "{}", found.join("\n"));
+    }
+
+    /// The IDs of the cases the cluster suite's bash still runs: its `run_case "(ID) …"` lines.
+    fn bash_cluster_ids() -> BTreeSet<String> {
+        let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let scripts = fs::read_dir(e2e.join("cluster"))
+            .unwrap()
+            .map(|entry| entry.unwrap().path())
+            .chain([e2e.join("cluster.sh")])
+            .filter(|path| path.extension().is_some_and(|ext| ext == "sh"));
+        let mut ids = BTreeSet::new();
+        for script in scripts {
+            for line in fs::read_to_string(&script).unwrap().lines() {
+                if let Some(rest) = line.trim_start().strip_prefix("run_case \"(") {
+                    ids.insert(rest.split_once(')').unwrap().0.to_owned());
+                }
+            }
+        }
+        ids
+    }
+
+    /// Until the cluster suite is all in the runner, its E and F rows in docs/testing.md are
+    /// checked by ID against the runner's cases and bash's together, and the runner's by name.
+    #[test]
+    fn docs_list_the_cluster_suites_runner_cases_and_no_other() {
+        let heading = "## End-to-end: what users install, on a real cluster";
+        let runner = table(Suite::Cluster);
+        let bash = bash_cluster_ids();
+        for prefix in ['E', 'F'] {
+            let docs = documented(&testing_md(), heading, prefix);
+            let ours: BTreeSet<Listed> = runner
+                .iter()
+                .filter(|(id, _)| id.starts_with(prefix))
+                .cloned()
+                .collect();
+            let named: BTreeSet<Listed> = docs
+                .iter()
+                .filter(|(id, _)| !bash.contains(id))
+                .cloned()
+                .collect();
+            let found = differences(&named, &ours);
+            assert!(found.is_empty(), "{}", found.join("\n"));
+            for (id, _) in &ours {
+                assert!(
+                    !bash.contains(id),
+                    "case {id} is both the runner's and bash's"
+                );
+            }
+            let bash_rows = docs.iter().filter(|(id, _)| bash.contains(id)).count();
+            let bash_cases = bash.iter().filter(|id| id.starts_with(prefix)).count();
+            assert_eq!(
+                bash_rows, bash_cases,
+                "docs/testing.md lists {bash_rows} of bash's {bash_cases} {prefix} cases"
+            );
+        }
     }
 
     #[test]
@@ -712,6 +802,10 @@ mod tests {
                 "T7 single-numa-node, pod scope: net gets a NUMA-1 EFA"
             ),
             "single-numa-node, pod scope"
+        );
+        assert_eq!(
+            name("E1", "(E1) admin queue closed on efa-b: both leave"),
+            "admin queue closed on efa-b"
         );
     }
 

@@ -77,16 +77,21 @@ impl Kubelet {
 
     /// Registrations of `resource` the current kubelet logged.
     pub fn registrations(&self, resource: &str) -> usize {
-        let quoted = format!("\"{resource}\"");
-        fs::read_to_string(self.log())
-            .unwrap_or_default()
-            .lines()
-            .filter(|line| {
-                line.split_once("Got registration request from device plugin with resource")
-                    .is_some_and(|(_, rest)| rest.contains(&quoted))
-            })
-            .count()
+        registrations_in(&self.log(), resource)
     }
+}
+
+/// Registrations of `resource` a kubelet's log holds.
+pub fn registrations_in(log: &Path, resource: &str) -> usize {
+    let quoted = format!("\"{resource}\"");
+    fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| {
+            line.split_once("Got registration request from device plugin with resource")
+                .is_some_and(|(_, rest)| rest.contains(&quoted))
+        })
+        .count()
 }
 
 /// The kubelet's device checkpoint (`kubelet_internal_checkpoint`).

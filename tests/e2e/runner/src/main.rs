@@ -9,6 +9,7 @@
 //! `<run dir>/logs/case-times.tsv`.
 
 mod cases;
+mod cluster;
 mod daemon;
 mod http;
 mod kubelet;
@@ -31,6 +32,7 @@ use efa_device_plugin::testkit::simulate::{FakeNode, Nodes, Shape};
 use regex::Regex;
 
 use crate::cases::{CASES, Fixture, Suite, runs_at};
+use crate::cluster::{Cluster, Host, Kube};
 use crate::kubelet::{Checkpoint, Kubelet};
 use crate::node::{Node, RESOURCE};
 use crate::plugin::Plugin;
@@ -38,7 +40,7 @@ use crate::pods::Pods;
 use crate::topology::{Setup, Topology};
 
 #[derive(Parser)]
-#[command(about = "Runs a standalone kubelet suite's cases on a host the suite brought up")]
+#[command(about = "Runs an end-to-end suite's cases on a host or cluster the suite brought up")]
 struct Args {
     /// Whose cases run.
     #[arg(long, value_enum)]
@@ -67,6 +69,17 @@ struct Args {
     read_only_port: u16,
     #[arg(long, default_value_t = 10248)]
     healthz_port: u16,
+    /// The cluster suite's kubectl.
+    #[arg(long, required_if_eq("suite", "cluster"))]
+    kubectl: Option<PathBuf>,
+    #[arg(long, required_if_eq("suite", "cluster"))]
+    kubeconfig: Option<PathBuf>,
+    /// The FIFO the cluster suite reads the runner's requests for infrastructure from.
+    #[arg(long, required_if_eq("suite", "cluster"))]
+    requests: Option<PathBuf>,
+    /// The FIFO the cluster suite answers them on.
+    #[arg(long, required_if_eq("suite", "cluster"))]
+    replies: Option<PathBuf>,
     /// Runs only the cases whose label matches this regex.
     #[arg(long, env = "EFA_DP_E2E_CASES", value_parser = Regex::new)]
     cases: Option<Regex>,
@@ -170,6 +183,26 @@ fn run(args: &Args) -> Result<Tally> {
                 run: run.clone(),
             })?;
             run_cases(args, &mut topology)
+        }
+        Suite::Cluster => {
+            let required = |arg: &Option<PathBuf>, flag: &str| {
+                arg.clone()
+                    .with_context(|| format!("--{flag} is needed for the cluster suite"))
+            };
+            let mut cluster = Cluster {
+                kube: Kube {
+                    kubectl: required(&args.kubectl, "kubectl")?,
+                    kubeconfig: required(&args.kubeconfig, "kubeconfig")?,
+                },
+                host: Host::open(
+                    &required(&args.requests, "requests")?,
+                    &required(&args.replies, "replies")?,
+                )?,
+                run: run.clone(),
+                kubelet: args.kubelet.clone(),
+                plugin: args.plugin.clone(),
+            };
+            run_cases(args, &mut cluster)
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::cases::Detail;
 use crate::daemon::{Daemon, tail};
 use crate::kubelet::PodStatus;
 use crate::node::{Node, RESOURCE};
+use crate::plugin::Plugin;
 use crate::pods::Restart;
 use crate::wait::{secs, wait_for};
 
@@ -117,30 +118,28 @@ pub fn power_off(node: &mut Node, node_mode: &mut Option<Daemon>) -> Result<()> 
     })
 }
 
-/// Starts the plugin as the unit does, with the node's paths as the `EFA_DP_*` variables the
-/// unit's `EnvironmentFile` would hold, and waits for its `READY=1`.
-pub fn start_node_mode(node: &Node, unit: &Unit, boot: u32) -> Result<Daemon> {
-    let run = &node.pods.run;
-    let notify_path = run.join(format!("notify.{boot}"));
+/// Starts `plugin` as the unit does, with its paths as the `EFA_DP_*` variables the unit's
+/// `EnvironmentFile` would hold, and waits for its `READY=1`. `start` names its log and notify
+/// socket under the plugin's run dir.
+pub fn start_node_mode(plugin: &Plugin, unit: &Unit, start: &str) -> Result<Daemon> {
+    let run = &plugin.run;
+    let notify_path = run.join(format!("notify.{start}"));
     let _ = fs::remove_file(&notify_path);
     let notify = UnixDatagram::bind(&notify_path)
         .with_context(|| format!("bind {}", notify_path.display()))?;
     notify.set_read_timeout(Some(secs(30)))?;
-    let mut command = unit.command(&node.plugin.binary)?;
+    let mut command = unit.command(&plugin.binary)?;
     command
         .env("NOTIFY_SOCKET", &notify_path)
-        .env("EFA_DP_SYSFS_ROOT", &node.plugin.sysfs)
-        .env("EFA_DP_DEV_ROOT", &node.plugin.dev)
-        .env("EFA_DP_DEVICE_PLUGIN_DIR", &node.device_plugin_dir)
-        .env(
-            "EFA_DP_POD_RESOURCES_SOCKET",
-            &node.plugin.pod_resources_socket,
-        )
+        .env("EFA_DP_SYSFS_ROOT", &plugin.sysfs)
+        .env("EFA_DP_DEV_ROOT", &plugin.dev)
+        .env("EFA_DP_DEVICE_PLUGIN_DIR", &plugin.device_plugin_dir)
+        .env("EFA_DP_POD_RESOURCES_SOCKET", &plugin.pod_resources_socket)
         .env_remove("RUST_LOG");
     let log = run
         .join("logs")
-        .join(format!("plugin-node-mode.{boot}.log"));
-    let plugin = Daemon::start("plugin-node-mode", command, &log, &run.join("pids"))?;
+        .join(format!("plugin-node-mode.{start}.log"));
+    let daemon = Daemon::start("plugin-node-mode", command, &log, &run.join("pids"))?;
     let mut said = [0u8; 256];
     let n = notify.recv(&mut said).map_err(|err| {
         anyhow!(
@@ -152,7 +151,7 @@ pub fn start_node_mode(node: &Node, unit: &Unit, boot: u32) -> Result<Daemon> {
     if !said.lines().any(|line| line == "READY=1") {
         bail!("the plugin's first notice is {said:?}, not READY=1");
     }
-    Ok(plugin)
+    Ok(daemon)
 }
 
 /// The static pods of one boot: `count` of them, each holding one EFA, restarted always.
@@ -313,7 +312,7 @@ fn reboots(node: &mut Node, unit: &Unit, node_mode: &mut Option<Daemon>) -> Resu
         place(node, &pods)?;
         power_off(node, node_mode)?;
         let tally = if boot % 2 == 1 {
-            *node_mode = Some(start_node_mode(node, unit, boot)?);
+            *node_mode = Some(start_node_mode(&node.plugin, unit, &boot.to_string())?);
             node.kubelet.start()?;
             &mut ours
         } else {

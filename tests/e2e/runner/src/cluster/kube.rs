@@ -1,0 +1,345 @@
+//! The API server through `kubectl -o json`, read into the few fields the cases look at.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub struct Kube {
+    pub kubectl: PathBuf,
+    pub kubeconfig: PathBuf,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Pod {
+    pub metadata: Metadata,
+    #[serde(default)]
+    pub status: PodStatus,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Metadata {
+    pub name: String,
+    #[serde(default)]
+    pub uid: String,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    #[serde(default)]
+    pub phase: String,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    #[serde(default)]
+    pub container_statuses: Vec<ContainerStatus>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerStatus {
+    #[serde(default)]
+    pub restart_count: u64,
+    /// KEP-4680: each allocated resource's devices with their health, where the kubelet reports
+    /// it.
+    #[serde(default)]
+    pub allocated_resources_status: Vec<ResourceStatus>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct ResourceStatus {
+    pub name: String,
+    #[serde(default)]
+    pub resources: Vec<ResourceHealth>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResourceHealth {
+    #[serde(rename = "resourceID")]
+    pub resource_id: String,
+    #[serde(default)]
+    pub health: String,
+}
+
+impl Pod {
+    /// The health the kubelet reports in the status for device `id` of `resource`, if it does.
+    pub fn device_health(&self, resource: &str, id: &str) -> Option<&str> {
+        self.status
+            .container_statuses
+            .iter()
+            .flat_map(|container| &container.allocated_resources_status)
+            .filter(|status| status.name == resource)
+            .flat_map(|status| &status.resources)
+            .find(|device| device.resource_id == id)
+            .map(|device| device.health.as_str())
+    }
+
+    pub fn restarts(&self) -> u64 {
+        self.status
+            .container_statuses
+            .iter()
+            .map(|c| c.restart_count)
+            .sum()
+    }
+
+    /// The scheduler's message while it cannot place the pod.
+    pub fn unschedulable_message(&self) -> Option<&str> {
+        self.status
+            .conditions
+            .iter()
+            .find(|condition| condition.kind == "PodScheduled")
+            .map(|condition| condition.message.as_str())
+            .filter(|message| !message.is_empty())
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct Node {
+    status: NodeStatus,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NodeStatus {
+    #[serde(default)]
+    allocatable: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct List<T> {
+    items: Vec<T>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Event {
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    message: String,
+    involved_object: EventObject,
+}
+
+#[derive(Debug, Deserialize)]
+struct EventObject {
+    #[serde(default)]
+    name: String,
+}
+
+impl Kube {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(&self.kubectl);
+        command.arg("--kubeconfig").arg(&self.kubeconfig).args(args);
+        command
+    }
+
+    /// kubectl's output, or its error output as the error.
+    pub fn run(&self, args: &[&str]) -> Result<String> {
+        let output = self
+            .command(args)
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("run kubectl {}", args.join(" ")))?;
+        if !output.status.success() {
+            bail!(
+                "kubectl {}: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
+    /// `kubectl apply -f -` of one object or a List.
+    pub fn apply(&self, object: &Value) -> Result<()> {
+        let mut child = self
+            .command(&["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("run kubectl apply")?;
+        child
+            .stdin
+            .take()
+            .context("kubectl's stdin")?
+            .write_all(object.to_string().as_bytes())?;
+        let output = child.wait_with_output()?;
+        if !output.status.success() {
+            bail!(
+                "kubectl apply: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
+    fn get<T: DeserializeOwned>(&self, args: &[&str]) -> Result<T> {
+        let mut args = args.to_vec();
+        args.extend(["-o", "json"]);
+        let out = self.run(&args)?;
+        serde_json::from_str(&out).with_context(|| format!("kubectl {}: not JSON", args.join(" ")))
+    }
+
+    /// The pod `name` in `default`, if there is one.
+    pub fn pod(&self, name: &str) -> Result<Option<Pod>> {
+        let list: List<Pod> = self.get(&[
+            "get",
+            "pods",
+            "-n",
+            "default",
+            "--field-selector",
+            &format!("metadata.name={name}"),
+        ])?;
+        Ok(list.items.into_iter().next())
+    }
+
+    /// The plugin's pods on `node`, by the label the chart and the manifests give them.
+    pub fn plugin_pods(&self, node: &str) -> Result<Vec<Pod>> {
+        let list: List<Pod> = self.get(&[
+            "get",
+            "pods",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=efa-device-plugin",
+            "--field-selector",
+            &format!("spec.nodeName={node}"),
+        ])?;
+        Ok(list.items)
+    }
+
+    /// The log of the plugin pod `name`'s container, or of its previous one.
+    pub fn plugin_log(&self, name: &str, previous: bool) -> Result<String> {
+        let mut args = vec!["logs", "-n", "kube-system", name];
+        if previous {
+            args.push("--previous");
+        }
+        self.run(&args)
+    }
+
+    /// Sets (`Some`) or removes (`None`) a label of `node`.
+    pub fn label_node(&self, node: &str, key: &str, value: Option<&str>) -> Result<()> {
+        let label = match value {
+            Some(value) => format!("{key}={value}"),
+            None => format!("{key}-"),
+        };
+        self.run(&["label", "node", node, &label, "--overwrite"])
+            .map(drop)
+    }
+
+    /// How many of `resource` the node offers; `None` when it lists none.
+    pub fn allocatable(&self, node: &str, resource: &str) -> Result<Option<u64>> {
+        let node: Node = self.get(&["get", "node", node])?;
+        node.status
+            .allocatable
+            .get(resource)
+            .map(|count| {
+                count
+                    .parse()
+                    .with_context(|| format!("allocatable {count}"))
+            })
+            .transpose()
+    }
+
+    /// Whether `node` offers `count` of `resource` at each of `seconds` samples a second apart.
+    pub fn allocatable_stays(
+        &self,
+        node: &str,
+        resource: &str,
+        count: u64,
+        seconds: u32,
+    ) -> Result<()> {
+        for _ in 0..seconds {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            let now = self.allocatable(node, resource)?;
+            if now != Some(count) {
+                bail!("{node} offered {now:?} {resource}, want {count} throughout");
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the pods of `default` named, waiting until they are gone.
+    pub fn delete_pods(&self, names: &[&str]) -> Result<()> {
+        let mut args = vec![
+            "delete",
+            "pod",
+            "-n",
+            "default",
+            "--ignore-not-found",
+            "--wait",
+        ];
+        args.extend(names);
+        self.run(&args).map(drop)
+    }
+
+    /// `reason: message` of each event about the object `name` in `default`, joined by `|`.
+    pub fn events_of(&self, name: &str) -> String {
+        let events: Result<List<Event>> = self.get(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            &format!("involvedObject.name={name}"),
+        ]);
+        match events {
+            Ok(list) => list
+                .items
+                .iter()
+                .filter(|event| event.involved_object.name == name)
+                .map(|event| format!("{}: {}", event.reason, event.message))
+                .collect::<Vec<_>>()
+                .join("|"),
+            Err(err) => format!("(no events: {err:#})"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_device_health_and_scheduling_message_are_read_from_its_status() {
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "holder", "uid": "u1"},
+            "status": {
+                "phase": "Running",
+                "conditions": [{"type": "PodScheduled", "status": "True"}],
+                "containerStatuses": [{
+                    "name": "probe", "restartCount": 2,
+                    "allocatedResourcesStatus": [{
+                        "name": "vpc.amazonaws.com/efa",
+                        "resources": [{"resourceID": "rdmap19s0", "health": "Unhealthy"}]
+                    }]
+                }]
+            }
+        }))
+        .unwrap();
+        assert_eq!(
+            pod.device_health("vpc.amazonaws.com/efa", "rdmap19s0"),
+            Some("Unhealthy")
+        );
+        assert_eq!(
+            pod.device_health("vpc.amazonaws.com/efa", "rdmap20s0"),
+            None
+        );
+        assert_eq!(pod.restarts(), 2);
+        assert_eq!(pod.unschedulable_message(), None);
+    }
+}

@@ -1,0 +1,143 @@
+//! The cluster suite's fixture: the API server through kubectl, the suite's bash for the
+//! infrastructure it keeps (nodes, charts, Prometheus), and the nodes' fake EFA trees as the
+//! host sees them.
+
+pub mod health;
+mod host;
+mod kube;
+pub mod node_mode;
+mod prometheus;
+mod workload;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{Context, Result};
+use efa_device_plugin::testkit::simulate::{FakeNode, Nodes};
+
+use crate::daemon::tail;
+use crate::kubelet::Checkpoint;
+pub use host::Host;
+pub use kube::Kube;
+use prometheus::Prometheus;
+
+/// Where the suite lays out each node's fake sysfs tree, as the node sees it.
+const FIXTURES_SYSFS: &str = "/run/efa-device-plugin-e2e/sys";
+const DEVICE_NODES: &str = "/dev/infiniband";
+const CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+
+pub struct Cluster {
+    pub kube: Kube,
+    pub host: Host,
+    /// The suite's run dir: `logs/` holds each daemon's log.
+    pub run: PathBuf,
+    /// The kubelet binary every node runs.
+    pub kubelet: PathBuf,
+    /// The plugin's static binary, as the packages install it.
+    pub plugin: PathBuf,
+}
+
+impl Cluster {
+    /// Where the host sees what `node` sees at `path` (a further node's binds live under its
+    /// home).
+    pub fn host_path(&mut self, node: &str, path: &str) -> Result<PathBuf> {
+        Ok(PathBuf::from(
+            self.host.request("host_path", &[node, path])?,
+        ))
+    }
+
+    /// `node`'s fake EFA tree and device nodes, to change as a driver would.
+    pub fn fake_node(&mut self, node: &str) -> Result<FakeNode> {
+        let sysfs = self.host_path(node, FIXTURES_SYSFS)?;
+        let nodes = self.host_path(node, DEVICE_NODES)?;
+        let dev = nodes
+            .parent()
+            .with_context(|| format!("{} has no parent", nodes.display()))?
+            .to_owned();
+        Ok(FakeNode {
+            sysfs,
+            dev,
+            nodes: Nodes::CharDevices,
+        })
+    }
+
+    pub fn checkpoint(&mut self, node: &str) -> Result<Checkpoint> {
+        Ok(Checkpoint {
+            path: self.host_path(node, CHECKPOINT)?,
+        })
+    }
+
+    /// The suite's Prometheus, started if it was not, with the plugin pod a healthy target.
+    pub fn prometheus(&mut self) -> Result<Prometheus> {
+        Prometheus::at(&self.host.request("prometheus", &[])?)
+    }
+
+    /// Whether this kubelet has the `ResourceHealthStatus` gate (the suite turns it on), and so
+    /// reports device health in pod status.
+    pub fn reports_device_health(&self) -> Result<bool> {
+        let help = Command::new(&self.kubelet)
+            .arg("--help")
+            .output()
+            .with_context(|| format!("run {} --help", self.kubelet.display()))?;
+        Ok(String::from_utf8_lossy(&help.stdout).contains("ResourceHealthStatus="))
+    }
+
+    /// The pods that are not Running, each plugin pod's and each kubelet's last lines.
+    pub fn diagnostics(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        match self
+            .kube
+            .run(&["get", "pods", "-A", "-o", "wide", "--no-headers"])
+        {
+            Ok(pods) => lines.extend(pods.lines().filter(|pod| !pod.contains(" Running ")).map(
+                |pod| {
+                    format!(
+                        "pod {}",
+                        pod.split_whitespace().collect::<Vec<_>>().join(" ")
+                    )
+                },
+            )),
+            Err(err) => lines.push(format!("cannot list pods: {err:#}")),
+        }
+        let plugin_logs = self.kube.run(&[
+            "logs",
+            "-n",
+            "kube-system",
+            "-l",
+            "app.kubernetes.io/name=efa-device-plugin",
+            "--tail",
+            "3",
+            "--prefix",
+        ]);
+        lines.extend(
+            plugin_logs
+                .unwrap_or_else(|err| format!("{err:#}"))
+                .lines()
+                .map(|line| format!("plugin {line}")),
+        );
+        lines.extend(kubelet_logs(&self.run.join("logs")));
+        lines
+    }
+}
+
+fn kubelet_logs(logs: &Path) -> Vec<String> {
+    let Ok(entries) = fs::read_dir(logs) else {
+        return Vec::new();
+    };
+    let mut logs: Vec<PathBuf> = entries
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .filter(|path| {
+            path.file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("kubelet-") && name.ends_with(".log"))
+        })
+        .collect();
+    logs.sort();
+    logs.iter()
+        .map(|log| {
+            let name = log.file_stem().unwrap_or_default().to_string_lossy();
+            format!("{name} log: {}", tail(log, 3))
+        })
+        .collect()
+}

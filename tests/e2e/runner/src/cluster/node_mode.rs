@@ -1,0 +1,156 @@
+//! Node mode beside the DaemonSet on one fleet: the plugin run the way its systemd unit runs it,
+//! on the node in the host's namespaces.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+
+use super::Cluster;
+use super::workload::pod_on;
+use crate::cases::Detail;
+use crate::daemon::Daemon;
+use crate::kubelet::registrations_in;
+use crate::node::RESOURCE;
+use crate::plugin::Plugin;
+use crate::reboot::{Unit, start_node_mode};
+use crate::wait::{secs, wait_for, wait_until};
+
+/// The node in the host's namespaces, where a plugin started by the runner sees what the node's
+/// kubelet sees.
+const NODE: &str = "efa-a";
+const EFAS: u64 = 4;
+/// The label the node-mode recipes set through the kubelet's `--node-labels`, which keeps the
+/// DaemonSet off the node (docs/node-mode.md).
+const LABEL: &str = "efa-device-plugin/node-mode";
+/// What the plugin that comes second says when the first holds the device-plugin dir's lock.
+const SECOND: &str = "holds the dir's lock";
+const FIRST_POD: &str = "f11-first";
+const SECOND_POD: &str = "f11-second";
+
+/// (F11) One plugin per node: with the label, `efa-a` gets no DaemonSet pod and node mode serves
+/// it; without it, the DaemonSet's pod comes second, says so and never registers, while node
+/// mode keeps the node's allocatable and gives each pod EFAs of its own.
+pub fn one_plugin_per_node(cluster: &mut Cluster) -> Result<Detail> {
+    cluster.host.request("chart", &[])?;
+    cluster.host.request("serving", &[NODE])?;
+    let plugin = Plugin::new(
+        cluster.plugin.clone(),
+        cluster.host_path(NODE, "/run/efa-device-plugin-e2e/sys")?,
+        PathBuf::from("/dev"),
+        cluster.host_path(NODE, "/var/lib/kubelet/device-plugins")?,
+        cluster.host_path(NODE, "/var/lib/kubelet/pod-resources/kubelet.sock")?,
+        cluster.run.clone(),
+    );
+    let mut node_mode = None;
+    let outcome = beside_the_daemonset(cluster, &plugin, &mut node_mode);
+    // The node as the chart serves it again: no label, node mode gone, and the DaemonSet's pod
+    // started anew instead of waiting out its back-off.
+    let kube = &cluster.kube;
+    let restored = kube
+        .delete_pods(&[FIRST_POD, SECOND_POD])
+        .and_then(|()| kube.label_node(NODE, LABEL, None))
+        .and_then(|()| match node_mode.take() {
+            Some(daemon) => daemon.stop(secs(10)).map(drop),
+            None => Ok(()),
+        })
+        .and_then(|()| {
+            for pod in kube.plugin_pods(NODE)? {
+                kube.run(&[
+                    "delete",
+                    "pod",
+                    "-n",
+                    "kube-system",
+                    &pod.metadata.name,
+                    "--wait",
+                ])?;
+            }
+            Ok(())
+        })
+        .and_then(|()| cluster.host.request("serving", &[NODE]).map(drop));
+    let detail = outcome?;
+    restored.context("giving efa-a back to the DaemonSet")?;
+    Ok(detail)
+}
+
+fn beside_the_daemonset(
+    cluster: &mut Cluster,
+    plugin: &Plugin,
+    node_mode: &mut Option<Daemon>,
+) -> Result<Detail> {
+    let checkpoint = cluster.checkpoint(NODE)?;
+    let kube = &cluster.kube;
+    let kubelet_log = cluster.run.join(format!("logs/kubelet-{NODE}.log"));
+    kube.label_node(NODE, LABEL, Some("true"))?;
+    wait_until(
+        &format!("no DaemonSet pod on the labelled {NODE}"),
+        secs(60),
+        || kube.plugin_pods(NODE).is_ok_and(|pods| pods.is_empty()),
+    )?;
+    let before = registrations_in(&kubelet_log, RESOURCE);
+    *node_mode = Some(start_node_mode(plugin, &Unit::read()?, "f11")?);
+    let allocatable = || kube.allocatable(NODE, RESOURCE).ok().flatten();
+    wait_until(
+        &format!("{NODE} at {EFAS} from node mode"),
+        secs(40),
+        || allocatable() == Some(EFAS),
+    )
+    .map_err(|err| anyhow!("{err}: allocatable {:?}", allocatable()))?;
+    let registered = registrations_in(&kubelet_log, RESOURCE) - before;
+    ensure!(
+        registered == 1,
+        "node mode registered {registered} times, want once"
+    );
+
+    let held = |name: &str| -> Result<Vec<String>> {
+        kube.apply(&pod_on(name, 2, NODE))?;
+        let pod = wait_for(&format!("{name} Running"), secs(60), || {
+            Ok(kube.pod(name)?.filter(|pod| pod.status.phase == "Running"))
+        })
+        .map_err(|err| anyhow!("{err}: {}", kube.events_of(name)))?;
+        Ok(checkpoint.allocated(&pod.metadata.uid, RESOURCE))
+    };
+    let first = held(FIRST_POD)?;
+
+    kube.label_node(NODE, LABEL, None)?;
+    let said = wait_for(
+        "the DaemonSet's pod on efa-a saying it comes second",
+        secs(90),
+        || {
+            for pod in kube.plugin_pods(NODE)? {
+                let name = &pod.metadata.name;
+                for previous in [false, true] {
+                    let log = kube.plugin_log(name, previous).unwrap_or_default();
+                    if let Some(line) = log.lines().find(|line| line.contains(SECOND)) {
+                        return Ok(Some((name.clone(), line.to_owned(), pod.restarts())));
+                    }
+                }
+            }
+            Ok(None)
+        },
+    )?;
+    if let Some(status) = node_mode.as_mut().context("node mode")?.exited()? {
+        bail!("node mode exited ({status}) when the DaemonSet's pod came");
+    }
+    let second = held(SECOND_POD)?;
+    kube.allocatable_stays(NODE, RESOURCE, EFAS, 5)
+        .context("with both plugins")?;
+    let again = registrations_in(&kubelet_log, RESOURCE) - before;
+    ensure!(
+        again == 1,
+        "{again} registrations on {NODE} with both plugins, want node mode's 1"
+    );
+    let mut all: Vec<&String> = first.iter().chain(&second).collect();
+    all.sort();
+    all.dedup();
+    ensure!(
+        first.len() == 2 && second.len() == 2 && all.len() == 4,
+        "{FIRST_POD} holds {first:?} and {SECOND_POD} {second:?}: want 2 each, none shared"
+    );
+    let (pod, line, restarts) = said;
+    let line = line
+        .split_once("another")
+        .map_or(line.as_str(), |(_, rest)| rest);
+    Ok(format!(
+        "labelled: no DaemonSet pod, node mode registered once, {FIRST_POD} {first:?}; unlabelled: {pod} ({restarts} restarts) said \"another{line}\", registrations still 1, allocatable {EFAS} throughout, {SECOND_POD} {second:?}"
+    ))
+}
