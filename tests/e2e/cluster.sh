@@ -382,6 +382,23 @@ host_request() {
 	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
 	# Where the host sees what node ARG1 sees at path ARG2.
 	host_path) node_host_path "$@" ;;
+	# A power cycle of node ARG1 in steps, so that the runner can start node
+	# mode between containerd and the kubelet: everything stopped (the
+	# containers killed, /run emptied), then containerd, then the kubelet
+	# until the node is Ready.
+	stop_node) stop_node "$@" ;;
+	start_containerd)
+		start_node_containerd "$@" >/dev/null || {
+			REASON="containerd of $1 did not start: $(tail -3 "$T/logs/containerd-$1.log" | paste -sd'|')"
+			false
+		}
+		;;
+	start_kubelet)
+		start_node_kubelet "$@" >/dev/null || {
+			REASON="node $1 not Ready within 120s: $(tail -3 "$T/logs/kubelet-$1.log" | paste -sd'|')"
+			false
+		}
+		;;
 	*)
 		REASON="no such request"
 		false

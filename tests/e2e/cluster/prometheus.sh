@@ -30,7 +30,8 @@ prometheus_build() {
 }
 
 # Its own identity: a client certificate for user efa-e2e-prometheus, which
-# RBAC allows to list and watch pods and nothing else.
+# RBAC allows to list and watch pods and nodes (the node-mode job) and nothing
+# else.
 prometheus_identity() {
 	local p=$T/pki
 	openssl req -newkey rsa:2048 -nodes -subj /CN=efa-e2e-prometheus -keyout "$p/prometheus.key" \
@@ -43,7 +44,7 @@ prometheus_identity() {
 		kind: ClusterRole
 		metadata: {name: efa-e2e-prometheus}
 		rules:
-		- {apiGroups: [""], resources: [pods], verbs: [list, watch]}
+		- {apiGroups: [""], resources: [pods, nodes], verbs: [list, watch]}
 		---
 		apiVersion: rbac.authorization.k8s.io/v1
 		kind: ClusterRoleBinding
@@ -87,7 +88,17 @@ prometheus_config() {
 		      - {source_labels: [__meta_kubernetes_pod_phase], regex: 'Pending|Succeeded|Failed|Completed', action: drop}
 		      - {source_labels: [__meta_kubernetes_pod_node_name], action: replace, target_label: node}
 	EOF
+	# Node mode's job as docs/node-mode.md gives it, with the kubeconfig a
+	# Prometheus outside the cluster needs for its node discovery.
+	node_mode_job | sed -e "s|- role: node|- {role: node, kubeconfig_file: $T/pki/prometheus.kubeconfig}|" \
+		-e 's/^/  /' >>"$d/prometheus.yml"
 	"$PROMETHEUS_BIN/promtool" check config "$d/prometheus.yml" >"$T/logs/promtool-config.log" 2>&1
+}
+
+# node_mode_job: the scrape job of docs/node-mode.md's "Scraping the metrics".
+node_mode_job() {
+	awk '/^## Scraping the metrics/ { section = 1 } section && /^```yaml/ { job = 1; next }
+		job && /^```/ { exit } job' "$REPO/docs/node-mode.md"
 }
 
 # The counters of the EFA driver that the fake tree lacks, as a Nitro v4 EFA

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, anyhow, bail};
 
-use crate::cluster::{Cluster, health as cluster_health, node_mode};
+use crate::cluster::{Cluster, health as cluster_health, node_mode, reboots};
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
 use crate::plugin::{Stopped, allocation_series, sample};
@@ -291,6 +291,12 @@ pub const CASES: &[Case] = &[
         label: "(E1) admin queue closed on efa-b: a held and a free EFA leave allocatable, the holder runs on Unhealthy, EfaAdminCommandTimeouts names it; probed again, one comes back; cmds_err alone only alerts",
         since: None,
         run: Run::Cluster(cluster_health::admin_queue_closed),
+    },
+    Case {
+        id: "F10",
+        label: "(F10) node mode survives reboots: efa-a power-cycled with 4 pods bound each time, node mode before the kubelet refuses none; the DaemonSet is measured beside it",
+        since: None,
+        run: Run::Cluster(reboots::node_mode_survives_reboots),
     },
     Case {
         id: "F11",

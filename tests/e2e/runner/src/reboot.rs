@@ -205,10 +205,15 @@ pub fn place(node: &Node, pods: &[String]) -> Result<()> {
 /// both by the kubelet's own clock (klog's `hh:mm:ss.uuuuuu`).
 pub fn start_to_register(log: &Path) -> Result<u64> {
     let text = fs::read_to_string(log).with_context(|| format!("read {}", log.display()))?;
+    start_to_register_in(&text).with_context(|| log.display().to_string())
+}
+
+/// [`start_to_register`] in the lines of one kubelet start.
+pub fn start_to_register_in(text: &str) -> Result<u64> {
     let first = text
         .lines()
         .find_map(klog_time)
-        .ok_or_else(|| anyhow!("{}: no klog line", log.display()))?;
+        .ok_or_else(|| anyhow!("no klog line"))?;
     let quoted = format!("\"{RESOURCE}\"");
     let registered = text
         .lines()
@@ -216,7 +221,7 @@ pub fn start_to_register(log: &Path) -> Result<u64> {
             line.contains("Got registration request from device plugin") && line.contains(&quoted)
         })
         .find_map(klog_time)
-        .ok_or_else(|| anyhow!("{}: no registration of {RESOURCE}", log.display()))?;
+        .ok_or_else(|| anyhow!("no registration of {RESOURCE}"))?;
     Ok(registered.saturating_sub(first).as_millis() as u64)
 }
 
@@ -241,7 +246,7 @@ fn klog_time(line: &str) -> Option<Duration> {
 /// plugin after the kubelet take turns, so both see the same host load.
 const BOOTS: u32 = 3;
 
-fn boots() -> Result<u32> {
+pub fn boots() -> Result<u32> {
     match std::env::var("EFA_DP_E2E_REBOOTS") {
         Ok(text) => match text.parse() {
             Ok(n) if n > 0 => Ok(n),
@@ -286,15 +291,17 @@ pub fn node_mode_survives_reboots(node: &mut Node) -> Result<Detail> {
     Ok(line)
 }
 
+/// What the reboots of one order did: pods refused at admission of those bound, and each
+/// boot's kubelet start → Register.
 #[derive(Default)]
-struct Tally {
-    refused: usize,
-    pods: usize,
-    register_ms: Vec<u64>,
+pub struct Tally {
+    pub refused: usize,
+    pub pods: usize,
+    pub register_ms: Vec<u64>,
 }
 
 impl Tally {
-    fn registers(&self) -> String {
+    pub fn registers(&self) -> String {
         let mut ms = self.register_ms.clone();
         ms.sort_unstable();
         match (ms.get(ms.len() / 2), ms.last()) {

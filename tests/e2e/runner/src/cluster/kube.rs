@@ -34,6 +34,9 @@ pub struct Metadata {
 pub struct PodStatus {
     #[serde(default)]
     pub phase: String,
+    /// Why a pod failed: `UnexpectedAdmissionError` for one the kubelet refused.
+    #[serde(default)]
+    pub reason: String,
     #[serde(default)]
     pub conditions: Vec<Condition>,
     #[serde(default)]
@@ -205,6 +208,19 @@ impl Kube {
             &format!("metadata.name={name}"),
         ])?;
         Ok(list.items.into_iter().next())
+    }
+
+    /// The pods of `default` with the label `selector` (`key=value`).
+    pub fn pods_labelled(&self, selector: &str) -> Result<Vec<Pod>> {
+        let list: List<Pod> = self.get(&["get", "pods", "-n", "default", "-l", selector])?;
+        Ok(list.items)
+    }
+
+    /// Deletes the objects of `default` named `kind/name`, waiting until they are gone.
+    pub fn delete(&self, objects: &[&str]) -> Result<()> {
+        let mut args = vec!["delete", "-n", "default", "--ignore-not-found", "--wait"];
+        args.extend(objects);
+        self.run(&args).map(drop)
     }
 
     /// The plugin's pods on `node`, by the label the chart and the manifests give them.

@@ -7,6 +7,7 @@ mod host;
 mod kube;
 pub mod node_mode;
 mod prometheus;
+pub mod reboots;
 mod workload;
 
 use std::fs;

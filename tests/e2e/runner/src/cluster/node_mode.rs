@@ -5,8 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 
-use super::Cluster;
 use super::workload::pod_on;
+use super::{Cluster, Prometheus};
 use crate::cases::Detail;
 use crate::daemon::Daemon;
 use crate::kubelet::registrations_in;
@@ -21,11 +21,68 @@ const NODE: &str = "efa-a";
 const EFAS: u64 = 4;
 /// The label the node-mode recipes set through the kubelet's `--node-labels`, which keeps the
 /// DaemonSet off the node (docs/node-mode.md).
-const LABEL: &str = "efa-device-plugin/node-mode";
+pub const LABEL: &str = "efa-device-plugin/node-mode";
 /// What the plugin that comes second says when the first holds the device-plugin dir's lock.
 const SECOND: &str = "holds the dir's lock";
+/// The scrape job docs/node-mode.md gives, which the suite's Prometheus runs as written there.
+const SCRAPE_JOB: &str = "efa-device-plugin-node-mode";
 const FIRST_POD: &str = "f11-first";
 const SECOND_POD: &str = "f11-second";
+
+/// The plugin on `efa-a` as its systemd unit runs it: started with the unit's `ExecStart` and
+/// awaited until `READY=1`, as systemd does before it starts the kubelet.
+pub struct Service {
+    unit: Unit,
+    plugin: Plugin,
+    running: Option<Daemon>,
+}
+
+impl Service {
+    pub fn on_efa_a(cluster: &mut Cluster) -> Result<Service> {
+        let unit = Unit::read()?;
+        ensure!(
+            unit.kind == "notify",
+            "the unit is Type={}, want notify",
+            unit.kind
+        );
+        let plugin = Plugin::new(
+            cluster.plugin.clone(),
+            cluster.host_path(NODE, "/run/efa-device-plugin-e2e/sys")?,
+            PathBuf::from("/dev"),
+            cluster.host_path(NODE, "/var/lib/kubelet/device-plugins")?,
+            cluster.host_path(NODE, "/var/lib/kubelet/pod-resources/kubelet.sock")?,
+            cluster.run.clone(),
+        );
+        Ok(Service {
+            unit,
+            plugin,
+            running: None,
+        })
+    }
+
+    /// Starts it; `start` names this start's log.
+    pub fn start(&mut self, start: &str) -> Result<()> {
+        ensure!(self.running.is_none(), "node mode runs already");
+        self.running = Some(start_node_mode(&self.plugin, &self.unit, start)?);
+        Ok(())
+    }
+
+    /// Stops it, if it runs, as systemd does: SIGTERM, then SIGKILL after a grace period.
+    pub fn stop(&mut self) -> Result<()> {
+        match self.running.take() {
+            Some(daemon) => daemon.stop(secs(10)).map(drop),
+            None => Ok(()),
+        }
+    }
+
+    /// How it exited, if it ran and did.
+    pub fn exited(&mut self) -> Result<Option<std::process::ExitStatus>> {
+        match &mut self.running {
+            Some(daemon) => daemon.exited(),
+            None => bail!("node mode was not started"),
+        }
+    }
+}
 
 /// (F11) One plugin per node: with the label, `efa-a` gets no DaemonSet pod and node mode serves
 /// it; without it, the DaemonSet's pod comes second, says so and never registers, while node
@@ -33,26 +90,16 @@ const SECOND_POD: &str = "f11-second";
 pub fn one_plugin_per_node(cluster: &mut Cluster) -> Result<Detail> {
     cluster.host.request("chart", &[])?;
     cluster.host.request("serving", &[NODE])?;
-    let plugin = Plugin::new(
-        cluster.plugin.clone(),
-        cluster.host_path(NODE, "/run/efa-device-plugin-e2e/sys")?,
-        PathBuf::from("/dev"),
-        cluster.host_path(NODE, "/var/lib/kubelet/device-plugins")?,
-        cluster.host_path(NODE, "/var/lib/kubelet/pod-resources/kubelet.sock")?,
-        cluster.run.clone(),
-    );
-    let mut node_mode = None;
-    let outcome = beside_the_daemonset(cluster, &plugin, &mut node_mode);
+    let prometheus = cluster.prometheus()?;
+    let mut service = Service::on_efa_a(cluster)?;
+    let outcome = beside_the_daemonset(cluster, &prometheus, &mut service);
     // The node as the chart serves it again: no label, node mode gone, and the DaemonSet's pod
     // started anew instead of waiting out its back-off.
     let kube = &cluster.kube;
     let restored = kube
         .delete_pods(&[FIRST_POD, SECOND_POD])
         .and_then(|()| kube.label_node(NODE, LABEL, None))
-        .and_then(|()| match node_mode.take() {
-            Some(daemon) => daemon.stop(secs(10)).map(drop),
-            None => Ok(()),
-        })
+        .and_then(|()| service.stop())
         .and_then(|()| {
             for pod in kube.plugin_pods(NODE)? {
                 kube.run(&[
@@ -74,8 +121,8 @@ pub fn one_plugin_per_node(cluster: &mut Cluster) -> Result<Detail> {
 
 fn beside_the_daemonset(
     cluster: &mut Cluster,
-    plugin: &Plugin,
-    node_mode: &mut Option<Daemon>,
+    prometheus: &Prometheus,
+    service: &mut Service,
 ) -> Result<Detail> {
     let checkpoint = cluster.checkpoint(NODE)?;
     let kube = &cluster.kube;
@@ -87,7 +134,7 @@ fn beside_the_daemonset(
         || kube.plugin_pods(NODE).is_ok_and(|pods| pods.is_empty()),
     )?;
     let before = registrations_in(&kubelet_log, RESOURCE);
-    *node_mode = Some(start_node_mode(plugin, &Unit::read()?, "f11")?);
+    service.start("f11")?;
     let allocatable = || kube.allocatable(NODE, RESOURCE).ok().flatten();
     wait_until(
         &format!("{NODE} at {EFAS} from node mode"),
@@ -100,6 +147,20 @@ fn beside_the_daemonset(
         registered == 1,
         "node mode registered {registered} times, want once"
     );
+    // The scrape docs/node-mode.md gives: node discovery, kept by the label, on the host's port.
+    let scraped = format!(
+        "efa_device_plugin_devices{{job=\"{SCRAPE_JOB}\", node=\"{NODE}\", health=\"healthy\"}} == {EFAS}"
+    );
+    wait_until(
+        &format!("Prometheus scraping node mode through {SCRAPE_JOB}"),
+        secs(60),
+        || {
+            prometheus
+                .query(&scraped)
+                .is_ok_and(|samples| samples.len() == 1)
+        },
+    )
+    .map_err(|err| anyhow!("{err}: {}", prometheus.targets(SCRAPE_JOB)))?;
 
     let held = |name: &str| -> Result<Vec<String>> {
         kube.apply(&pod_on(name, 2, NODE))?;
@@ -128,7 +189,7 @@ fn beside_the_daemonset(
             Ok(None)
         },
     )?;
-    if let Some(status) = node_mode.as_mut().context("node mode")?.exited()? {
+    if let Some(status) = service.exited()? {
         bail!("node mode exited ({status}) when the DaemonSet's pod came");
     }
     let second = held(SECOND_POD)?;
@@ -151,6 +212,8 @@ fn beside_the_daemonset(
         .split_once("another")
         .map_or(line.as_str(), |(_, rest)| rest);
     Ok(format!(
-        "labelled: no DaemonSet pod, node mode registered once, {FIRST_POD} {first:?}; unlabelled: {pod} ({restarts} restarts) said \"another{line}\", registrations still 1, allocatable {EFAS} throughout, {SECOND_POD} {second:?}"
+        "labelled: no DaemonSet pod, node mode registered once and scraped through {SCRAPE_JOB}, {FIRST_POD} [{}]; unlabelled: {pod} ({restarts} restarts) said \"another{line}\", registrations still 1, allocatable {EFAS} throughout, {SECOND_POD} [{}]",
+        first.join(" "),
+        second.join(" ")
     ))
 }

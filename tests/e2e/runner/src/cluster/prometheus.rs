@@ -63,6 +63,30 @@ impl Prometheus {
             Err(err) => format!("(cannot ask Prometheus: {err:#})"),
         }
     }
+
+    /// The job's active targets as `health scrapeUrl lastError` lines, for a failure's reason.
+    pub fn targets(&self, job: &str) -> String {
+        let answer = http::get(self.port, "/api/v1/targets?state=active")
+            .and_then(|body| Ok(serde_json::from_str::<Value>(&body)?));
+        match answer {
+            Ok(answer) => answer["data"]["activeTargets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|target| target["labels"]["job"] == job)
+                .map(|target| {
+                    format!(
+                        "{} {} {}",
+                        target["health"].as_str().unwrap_or("-"),
+                        target["scrapeUrl"].as_str().unwrap_or("-"),
+                        target["lastError"].as_str().unwrap_or("-")
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("|"),
+            Err(err) => format!("(cannot ask Prometheus: {err:#})"),
+        }
+    }
 }
 
 /// A query string value, percent-encoded but for RFC 3986's unreserved characters.

@@ -1,4 +1,4 @@
-//! The pods the cluster cases make, as `lib/workload.py` makes them for the bash cases: one
+//! The workloads the cluster cases make, as `lib/workload.py` makes them for the bash cases: one
 //! container, "probe" (busybox), asking for some EFAs, listing `/dev/infiniband`, printing
 //! `FI_PROVIDER` and then sleeping as the container's process.
 
@@ -8,23 +8,72 @@ use crate::node::RESOURCE;
 
 const HOSTNAME: &str = "kubernetes.io/hostname";
 
-/// A pod in `default` asking for `count` EFAs, which may run on `node` only.
-pub fn pod_on(name: &str, count: u32, node: &str) -> Value {
+/// Where a workload's pods may run.
+#[derive(Clone, Copy)]
+pub enum Placement<'a> {
+    /// On this node only, through the scheduler (`nodeSelector`).
+    Node(&'a str),
+    /// Bound to this node past the scheduler (`nodeName`), as a pod bound before a reboot.
+    Bound(&'a str),
+}
+
+fn pod_spec(count: u32, restart: &str, placement: Placement) -> Value {
+    let mut spec = json!({
+        "restartPolicy": restart,
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{
+            "name": "probe",
+            "image": "localhost/busybox:1",
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c",
+                "ls -l /dev/infiniband; echo FI_PROVIDER=${FI_PROVIDER:-unset}; exec sleep 100000"],
+            "resources": {"limits": {RESOURCE: count}},
+        }],
+    });
+    match placement {
+        Placement::Node(node) => spec["nodeSelector"] = json!({HOSTNAME: node}),
+        Placement::Bound(node) => spec["nodeName"] = json!(node),
+    }
+    spec
+}
+
+/// A bare pod in `default` asking for `count` EFAs; its container restarts per `restart`
+/// (`Never`, `Always`).
+pub fn pod(name: &str, count: u32, restart: &str, placement: Placement) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default"},
+        "spec": pod_spec(count, restart, placement),
+    })
+}
+
+/// A pod asking for `count` EFAs, which may run on `node` only and is never restarted.
+pub fn pod_on(name: &str, count: u32, node: &str) -> Value {
+    pod(name, count, "Never", Placement::Node(node))
+}
+
+/// A Job of one pod asking for `count` EFAs, restarted on failure; its pods carry
+/// `job-name=NAME`.
+pub fn job(name: &str, count: u32, placement: Placement) -> Value {
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"backoffLimit": 6, "template": {"spec": pod_spec(count, "OnFailure", placement)}},
+    })
+}
+
+/// A Deployment of one pod asking for `count` EFAs; its pods carry `app=NAME`.
+pub fn deployment(name: &str, count: u32, placement: Placement) -> Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "default"},
         "spec": {
-            "nodeSelector": {HOSTNAME: node},
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "probe",
-                "image": "localhost/busybox:1",
-                "imagePullPolicy": "Never",
-                "command": ["sh", "-c",
-                    "ls -l /dev/infiniband; echo FI_PROVIDER=${FI_PROVIDER:-unset}; exec sleep 100000"],
-                "resources": {"limits": {RESOURCE: count}},
-            }],
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": pod_spec(count, "Always", placement),
+            },
         },
     })
 }
