@@ -195,6 +195,19 @@ fn closed_queues(
     )
     .map_err(|err| anyhow!("{err}: {}", prometheus.alerts(TIMEOUT_ALERT)))?;
     let to_alert = rise.elapsed();
+    // The reason, bounded to the words the metric allows, as the runbook reads it.
+    let by_reason = format!(
+        "efa_device_plugin_unhealthy_devices{{node=\"{NODE}\", reason=\"admin_queue_closed\"}} == 2"
+    );
+    wait_until(
+        "both counted Unhealthy for admin_queue_closed",
+        secs(30),
+        || {
+            prometheus
+                .query(&by_reason)
+                .is_ok_and(|samples| samples.len() == 1)
+        },
+    )?;
     wait_until(
         &format!("{TIMEOUT_ALERT} firing for the free {}", closed.ibdev),
         secs(30),
@@ -264,7 +277,7 @@ fn closed_queues(
         .context("cmds_err alone")?;
 
     Ok(format!(
-        "{} (held) and {} closed: allocatable {total} -> {} after {:.1}s, {TIMEOUT_ALERT} naming {holder} after {:.1}s; {health}; {ALL} Pending; {} probed again: {} after {:.1}s; cmds_err on {}: {ERRORS_ALERT} after {:.1}s, allocatable unchanged",
+        "{} (held) and {} closed: allocatable {total} -> {} after {:.1}s, {TIMEOUT_ALERT} naming {holder} after {:.1}s, unhealthy_devices{{reason=admin_queue_closed}} 2; {health}; {ALL} Pending; {} probed again: {} after {:.1}s; cmds_err on {}: {ERRORS_ALERT} after {:.1}s, allocatable unchanged",
         held.ibdev,
         closed.ibdev,
         total - 2,
