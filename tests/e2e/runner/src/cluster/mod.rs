@@ -2,6 +2,7 @@
 //! infrastructure it keeps (nodes, charts, Prometheus), and the nodes' fake EFA trees as the
 //! host sees them.
 
+pub mod fleet;
 pub mod health;
 mod host;
 mod kube;
