@@ -379,6 +379,15 @@ host_request() {
 	chart) fleet_chart "$@" >/dev/null ;;
 	# Each node ARG... with a Ready plugin pod and its count allocatable.
 	serving) fleet_serving "$@" >/dev/null ;;
+	# helm upgrade of the chart's release with the suite's values and ARG...
+	upgrade) ours_helm upgrade "$@" >/dev/null ;;
+	uninstall) uninstall_plugin >/dev/null ;;
+	# The plugin anew from the labelled kustomize overlay.
+	labelled_kustomize) install_labelled_kustomize >/dev/null ;;
+	# Node ARG1's kubelet stopped (whatever its exit status) and started again, and the node Ready.
+	restart_kubelet) stop_daemon "kubelet-$1"; start_node_kubelet "$1" >/dev/null ;;
+	# SIGKILL to the task ARG2 of node ARG1's containerd, as a crash would end it.
+	kill_container) ctr_on "$1" tasks kill -s SIGKILL "$2" >/dev/null ;;
 	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
 	# Where the host sees what node ARG1 sees at path ARG2.
 	host_path) node_host_path "$@" ;;

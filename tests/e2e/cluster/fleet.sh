@@ -3,9 +3,10 @@
 # A fleet on this host: beside efa-a (p4d, 4 EFAs, the single-node cases'
 # node) the nodes efa-b (p5en, 16 EFAs with other names) and plain (no EFA),
 # each in namespaces of its own (lib/nodes.sh), all registered with the one
-# control plane. The cases show what users live through on fleets: one plugin
-# per node, placement by each node's count, rollouts and restarts that touch
-# one node at a time, a drain.
+# control plane. The cases show what users live through on fleets: here a
+# node that joins late (F5) and a reboot (F6); the typed runner holds the
+# others (tests/e2e/runner/src/cluster/fleet/) and asks for the fleet and the
+# chart through cluster.sh's host_request.
 #
 # Sourced by cluster.sh; besides lib/cluster.sh's helpers it uses
 # migration.sh's stand-in. The fleet
@@ -49,6 +50,7 @@ ensure_fleet() {
 
 # fleet_chart [HELM_ARGS...]: the fleet up, no pod left in default, and the
 # chart installed anew with the suite's values and HELM_ARGS.
+# shellcheck disable=SC2120 # the runner's chart request passes HELM_ARGS (cluster.sh's host_request)
 fleet_chart() {
 	ensure_fleet || return 1
 	uninstall_plugin || return 1
@@ -87,303 +89,14 @@ allocatable_settled() {
 	[[ $got == "${NODE_EFAS[$1]}" ]]
 }
 
-# plugin_ids NODE: the IDs `list` prints in NODE's plugin pod, sorted, on one line.
-plugin_ids() {
-	local pod
-	pod=$(ready_plugin_pod "$1") && [[ -n $pod ]] || return 1
-	kns exec "$pod" -- /efa-device-plugin --sysfs-root "$SYSFS_IN_POD" list --output json 2>/dev/null |
-		python3 -c 'import json, sys; print(" ".join(sorted(r["id"] for r in json.load(sys.stdin))))'
-}
-
-# ibdevs_of NODE: the names under NODE's class/infiniband, sorted, on one line.
-ibdevs_of() { find "$(node_sysfs "$1")/class/infiniband" -mindepth 1 -maxdepth 1 -printf '%f\n' 2>/dev/null | sort | paste -sd' '; }
-
-case_fleet_one_plugin_per_node() {
-	local node got want alloc detail=
-	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
-	for node in "${FLEET[@]}"; do
-		got=$(plugin_ids "$node")
-		want=$(ibdevs_of "$node")
-		if [[ $got != "$want" ]]; then
-			REASON="the plugin on $node lists [$got], want its own EFAs [$want]"
-			return 1
-		fi
-		alloc=$(allocatable "$node")
-		detail+="$node: ${alloc:-no} allocatable, $(wc -w <<<"$got") IDs; "
-	done
-	CASE_DETAIL=${detail%; }
-}
-
-case_fleet_placement() {
-	local n i node
-	local -A on=()
-	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
-	# More than efa-a has: the scheduler can only pick efa-b.
-	start_pod big 5 || return 1
-	check_devices big 5 "$FLEET_B" || return 1
-	k delete pod big --wait >/dev/null
-	# More than any node has, less than the fleet has.
-	n=$((NODE_EFAS[$FLEET_B] + 1))
-	workload huge pod "$n" >/dev/null || { REASON="pod huge not accepted"; return 1; }
-	if ! wait_until 30 pod_unschedulable_for_efa huge; then
-		REASON="pod asking for $n is not Pending for $RESOURCE: $(pod_events huge)"
-		return 1
-	fi
-	k delete pod huge --wait >/dev/null
-	# Pods of 4: one fits on efa-a, four on efa-b, none on plain, the rest wait.
-	for i in 1 2 3 4 5 6; do
-		workload "four-$i" pod 4 >/dev/null || { REASON="pod four-$i not accepted"; return 1; }
-	done
-	wait_until 90 pods_placed 5 || { REASON="$(pods_placed_summary)"; return 1; }
-	for i in 1 2 3 4 5 6; do
-		node=$(node_of "four-$i")
-		[[ -n $node ]] && on[$node]=$((${on[$node]:-0} + 1))
-		if [[ -n $node ]] && pod_phase_is "four-$i" Running; then
-			check_devices "four-$i" 4 "$node" || return 1
-		fi
-	done
-	if [[ ${on[$NODE]:-0} != 1 || ${on[$FLEET_B]:-0} != 4 || -n ${on[$FLEET_PLAIN]:-} ]]; then
-		REASON="pods of 4 landed: $(pods_placed_summary), want 1 on $NODE, 4 on $FLEET_B, none on $FLEET_PLAIN"
-		return 1
-	fi
-	CASE_DETAIL="5 on $FLEET_B; $n Pending (Insufficient); pods of 4: 1 on $NODE, 4 on $FLEET_B, 1 Pending"
-	k delete pod four-1 four-2 four-3 four-4 four-5 four-6 --wait >/dev/null
-}
-
-# pod_unschedulable_for_efa POD: the scheduler's reason names too few EFAs.
-pod_unschedulable_for_efa() {
-	pod_phase_is "$1" Pending &&
-		[[ $(pod_field "$1" '{.status.conditions[?(@.type=="PodScheduled")].message}') == *"Insufficient $RESOURCE"* ]]
-}
-
-# pods_placed N: N of the pods four-* Running and the others Pending for EFAs.
-pods_placed() {
-	local i running=0 waiting=0
-	for i in 1 2 3 4 5 6; do
-		if pod_phase_is "four-$i" Running; then
-			running=$((running + 1))
-		elif pod_unschedulable_for_efa "four-$i"; then
-			waiting=$((waiting + 1))
-		fi
-	done
-	((running == $1 && waiting == 6 - $1))
-}
-
-pods_placed_summary() { k get pods -o wide --no-headers 2>&1 | awk '$1 ~ /^four-/ { print $1, $3, $7 }' | paste -sd'|'; }
-
-case_fleet_isolation() {
-	local before after restarts pod a_pod samples
-	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
-	start_pod held-b 2 "$FLEET_B" || return 1
-	pod=$(ready_plugin_pod "$FLEET_B")
-	before="$(metric "$pod" efa_device_plugin_registrations_total) $(allocatable "$FLEET_B") $(pod_field held-b '{.status.containerStatuses[0].restartCount}')"
-	start_daemon isolation-watch watch_fleet "$T/isolation"
-	# efa-a's kubelet restarts; the plugin registers again there.
-	stop_daemon "kubelet-$NODE"
-	start_node_kubelet "$NODE" || { REASON="$NODE not Ready after its kubelet restarted"; return 1; }
-	fleet_node_serves "$NODE" || return 1
-	# Then efa-a's plugin container is killed.
-	a_pod=$(ready_plugin_pod "$NODE")
-	ctr_k8s tasks kill -s SIGKILL "$(plugin_container_id "$a_pod")" >/dev/null 2>&1 ||
-		{ REASON="cannot kill the plugin container on $NODE"; return 1; }
-	wait_until 60 plugin_restarted "$a_pod" || { REASON="the plugin on $NODE did not restart"; return 1; }
-	fleet_node_serves "$NODE" || return 1
-	stop_daemon isolation-watch
-	after="$(metric "$pod" efa_device_plugin_registrations_total) $(allocatable "$FLEET_B") $(pod_field held-b '{.status.containerStatuses[0].restartCount}')"
-	if [[ $after != "$before" ]]; then
-		REASON="on $FLEET_B, registrations, allocatable and the holder's restarts went from [$before] to [$after]"
-		return 1
-	fi
-	if ! samples=$(python3 "$HERE/lib/fleet_watch.py" steady "$T/isolation" "$FLEET_B=${NODE_EFAS[$FLEET_B]}"); then
-		REASON="$FLEET_B's allocatable changed meanwhile: $samples"
-		return 1
-	fi
-	check_devices held-b 2 "$FLEET_B" || return 1
-	CASE_DETAIL="$FLEET_B unchanged (registrations, allocatable, holder restarts: $after) over $samples samples"
-	k delete pod held-b --wait >/dev/null
-}
-
-plugin_restarted() { [[ $(pod_field "$1" '{.status.containerStatuses[0].restartCount}' "$NS") -ge 1 ]]; }
-
-case_fleet_drain() {
-	local pod
-	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
-	# The Deployment's pod is pinned to efa-a by a preference only, which a drain overrides.
-	workload_json trainer deployment 2 --prefer "$NODE" | k apply -f - >/dev/null ||
-		{ REASON="Deployment trainer not accepted"; return 1; }
-	wait_until 60 trainer_running_on "$NODE" || { REASON="trainer not Running on $NODE: $(trainer_summary)"; return 1; }
-	check_devices "$(trainer_pod)" 2 "$NODE" || return 1
-	if ! k drain "$NODE" --ignore-daemonsets --delete-emptydir-data --timeout=90s >"$T/logs/drain.log" 2>&1; then
-		REASON="drain of $NODE failed: $(tail -2 "$T/logs/drain.log" | paste -sd'|')"
-		k uncordon "$NODE" >/dev/null
-		return 1
-	fi
-	wait_until 60 trainer_running_on "$FLEET_B" || { REASON="trainer's replacement not Running on $FLEET_B: $(trainer_summary)"; k uncordon "$NODE" >/dev/null; return 1; }
-	pod=$(trainer_pod)
-	check_devices "$pod" 2 "$FLEET_B" || { k uncordon "$NODE" >/dev/null; return 1; }
-	k uncordon "$NODE" >/dev/null
-	fleet_node_serves "$NODE" || return 1
-	CASE_DETAIL="replacement $pod on $FLEET_B with [${POD_IDS[*]}]; $NODE back to $(allocatable "$NODE") allocatable"
-	k delete deployment trainer --wait >/dev/null
-	wait_until 60 no_trainer
-}
-
-trainer_pod() {
-	k get pods -l app=trainer -o json 2>/dev/null | python3 -c '
-import json, sys
-pods = [p for p in json.load(sys.stdin)["items"] if not p["metadata"].get("deletionTimestamp") and p["status"].get("phase") == "Running"]
-print(pods[0]["metadata"]["name"] if len(pods) == 1 else "")'
-}
-
-trainer_running_on() { local p; p=$(trainer_pod) && [[ -n $p && $(node_of "$p") == "$1" ]]; }
-
-trainer_summary() { k get pods -l app=trainer -o wide --no-headers 2>&1 | paste -sd'|'; }
-
-no_trainer() { [[ -z $(k get pods -l app=trainer -o name 2>/dev/null) ]]; }
-
-# plugin_nodes: the nodes with a plugin pod that is not terminating, sorted, on one line.
-plugin_nodes() {
-	kns get pods -l app.kubernetes.io/name=efa-device-plugin -o json 2>/dev/null | python3 -c '
-import json, sys
-print(" ".join(sorted(p["spec"].get("nodeName", "?") for p in json.load(sys.stdin)["items"]
-                      if not p["metadata"].get("deletionTimestamp"))))'
-}
-
-plugin_nodes_are() { [[ $(plugin_nodes) == "$1" ]]; }
-
-# labelled_scope_follows_label INSTALL: with the plugin installed by INSTALL
-# (a command) and efa-a and efa-b labelled, a plugin pod on those two only;
-# plain labelled, one starts there; its label removed, it goes.
-labelled_scope_follows_label() {
-	local install=$1 want
-	want=$(printf '%s\n' "$NODE" "$FLEET_B" | sort | paste -sd' ')
-	k label node "${FLEET[@]}" "$SCOPE_LABEL-" >/dev/null 2>&1
-	k label node "$NODE" "$FLEET_B" "$SCOPE_LABEL=true" >/dev/null || { REASON="cannot label the EFA nodes"; return 1; }
-	"$install" && fleet_serving "$NODE" "$FLEET_B" || return 1
-	if ! plugin_nodes_are "$want"; then
-		REASON="$install: plugin pods on [$(plugin_nodes)], want [$want]"
-		return 1
-	fi
-	k label node "$FLEET_PLAIN" "$SCOPE_LABEL=true" >/dev/null
-	wait_until 60 has_ready_plugin_pod "$FLEET_PLAIN" || { REASON="$install: no plugin pod on $FLEET_PLAIN 60s after its label"; return 1; }
-	k label node "$FLEET_PLAIN" "$SCOPE_LABEL-" >/dev/null
-	wait_until 60 plugin_nodes_are "$want" || { REASON="$install: plugin pods on [$(plugin_nodes)] 60s after $FLEET_PLAIN lost its label, want [$want]"; return 1; }
-}
-
-install_labelled_chart() { fleet_chart --set nodeScope.mode=labelled; }
-
+# install_labelled_kustomize: the plugin anew from the labelled overlay, on
+# the fleet (the runner's F2 asks for it).
 install_labelled_kustomize() {
 	ensure_fleet && uninstall_plugin || return 1
 	k apply -k "$HERE/cluster/kustomize/labelled" >/dev/null && return 0
 	REASON="kubectl apply -k rejected the labelled overlay"
 	return 1
 }
-
-case_fleet_labelled() {
-	local ok=0
-	labelled_scope_follows_label install_labelled_chart &&
-		labelled_scope_follows_label install_labelled_kustomize && ok=1
-	k label node "${FLEET[@]}" "$SCOPE_LABEL-" >/dev/null 2>&1
-	((ok)) || return 1
-	CASE_DETAIL="chart and kustomize: pods on [$NODE $FLEET_B], one on $FLEET_PLAIN while labelled"
-	uninstall_plugin
-}
-
-# watch_fleet FILE: about once a second (one API call and half a second's
-# sleep), a sample of every node of the fleet into FILE (lib/fleet_watch.py
-# says what it holds), until stopped.
-watch_fleet() {
-	while :; do
-		kns get nodes,pods -o json 2>/dev/null | python3 "$HERE/lib/fleet_watch.py" sample "$RESOURCE" >>"$1"
-		sleep 0.5
-	done
-}
-
-# holder_listing POD: what POD's container sees in /dev/infiniband now.
-holder_listing() { k exec "$1" -- ls -l /dev/infiniband 2>/dev/null | listing_entries; }
-
-case_fleet_rollout() {
-	local before_a before_b detail
-	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
-	start_pod hold-a 2 "$NODE" && start_pod hold-b 4 "$FLEET_B" || return 1
-	before_a="$(pod_field hold-a '{.metadata.uid}') $(holder_listing hold-a | paste -sd';')"
-	before_b="$(pod_field hold-b '{.metadata.uid}') $(holder_listing hold-b | paste -sd';')"
-	start_daemon rollout-watch watch_fleet "$T/rollout"
-	sleep 2
-	ours_helm upgrade --set config.log-level=debug >/dev/null || { REASON="helm upgrade failed"; stop_daemon rollout-watch; return 1; }
-	if ! kns rollout status "daemonset/$DS" --timeout=300s >"$T/logs/rollout-status.log" 2>&1 || ! fleet_serving "${FLEET[@]}"; then
-		stop_daemon rollout-watch
-		REASON="the rollout did not complete within 300s: ${REASON:-$(tail -1 "$T/logs/rollout-status.log")}; last: $(tail -"${#FLEET[@]}" "$T/rollout" | paste -sd'|'); $(kns get pods -o wide --no-headers | paste -sd'|')"
-		return 1
-	fi
-	sleep 2
-	stop_daemon rollout-watch
-	if ! detail=$(python3 "$HERE/lib/fleet_watch.py" rollout "$T/rollout" "$NODE=${NODE_EFAS[$NODE]}" \
-		"$FLEET_B=${NODE_EFAS[$FLEET_B]}" "$FLEET_PLAIN=${NODE_EFAS[$FLEET_PLAIN]}" "$((NODE_STATUS_PERIOD + 30))"); then
-		REASON=$detail
-		return 1
-	fi
-	if [[ "$(pod_field hold-a '{.metadata.uid}') $(holder_listing hold-a | paste -sd';')" != "$before_a" ||
-		"$(pod_field hold-b '{.metadata.uid}') $(holder_listing hold-b | paste -sd';')" != "$before_b" ]]; then
-		REASON="a holder changed across the rollout: hold-a [$before_a] -> [$(holder_listing hold-a | paste -sd';')], hold-b -> [$(holder_listing hold-b | paste -sd';')]"
-		return 1
-	fi
-	if [[ $(pod_field hold-a '{.status.containerStatuses[0].restartCount}') != 0 || $(pod_field hold-b '{.status.containerStatuses[0].restartCount}') != 0 ]]; then
-		REASON="a holder's container restarted during the rollout"
-		return 1
-	fi
-	CASE_DETAIL="$detail; holders kept their devices"
-	k delete pod hold-a hold-b --wait >/dev/null
-}
-
-# fleet_targets_up: Prometheus scrapes the plugin pod of every node of the fleet.
-fleet_targets_up() {
-	local node ip up
-	up=$(prom targets "$PROMETHEUS_URL" "$PROMETHEUS_JOB" 2>/dev/null)
-	for node in "${FLEET[@]}"; do
-		ip=$(pod_field "$(ready_plugin_pod "$node")" '{.status.podIP}' "$NS")
-		[[ -n $ip ]] && grep -q "^up http://$ip:9465/metrics " <<<"$up" || return 1
-	done
-}
-
-# query_lines EXPR LABEL...: EXPR's result, one "LABEL-values value" line per
-# series, sorted.
-query_lines() {
-	local expr=$1
-	shift
-	prom query "$PROMETHEUS_URL" "$expr" 2>/dev/null | python3 -c '
-import json, sys
-for line in sys.stdin:
-    labels, value = line.rsplit(" ", 1)
-    labels = json.loads(labels)
-    print(" ".join([labels.get(k, "-") for k in sys.argv[1:]] + [value.strip()]))' "$@" | sort
-}
-
-case_fleet_metrics() {
-	local want got
-	fleet_chart && fleet_serving "${FLEET[@]}" || return 1
-	start_pod hold-a 2 "$NODE" && start_pod hold-b 4 "$FLEET_B" || return 1
-	ensure_prometheus || return 1
-	wait_until 60 fleet_targets_up || { REASON="Prometheus does not scrape every node's plugin: $(prom targets "$PROMETHEUS_URL" "$PROMETHEUS_JOB" 2>&1 | paste -sd'|')"; return 1; }
-	# Each plugin names its own node's holders only: the scraped pod's node is the holder's.
-	want=$(printf '%s default hold-a 2\n%s default hold-b 4\n' "$NODE" "$FLEET_B" | sort)
-	if ! wait_until 60 query_is "count by (node, namespace, pod) (efa_device_allocation)" "$want" node namespace pod; then
-		REASON="efa_device_allocation by the scraped node: [$(query_lines "count by (node, namespace, pod) (efa_device_allocation)" node namespace pod | paste -sd'|')], want [$(paste -sd'|' <<<"$want")]"
-		return 1
-	fi
-	# The README's per-pod count: one series per holder, whichever node it runs on.
-	want=$(printf 'default hold-a 2\ndefault hold-b 4\n')
-	got=$(query_lines "count by (namespace, pod) (efa_device_allocation)" namespace pod)
-	[[ $got == "$want" ]] || { REASON="count by (namespace, pod) (efa_device_allocation): [$(paste -sd'|' <<<"$got")], want [$(paste -sd'|' <<<"$want")]"; return 1; }
-	# The README's per-node capacity: one series per node, with its count.
-	want=$(for n in "${FLEET[@]}"; do echo "$n ${NODE_EFAS[$n]}"; done | sort)
-	got=$(query_lines 'sum by (node) (efa_device_plugin_devices{health="healthy"})' node)
-	[[ $got == "$want" ]] || { REASON="healthy EFAs by node: [$(paste -sd'|' <<<"$got")], want [$(paste -sd'|' <<<"$want")]"; return 1; }
-	CASE_DETAIL="3 targets; holders by node [$(query_lines "count by (node, pod) (efa_device_allocation)" node pod | paste -sd',')]; healthy by node [$(paste -sd',' <<<"$got")]"
-	k delete pod hold-a hold-b --wait >/dev/null
-}
-
-query_is() { [[ $(query_lines "$1" "${@:3}") == "$2" ]]; }
 
 allocatable_above_0() { [[ $(allocatable "$1") =~ ^[1-9] ]]; }
 
@@ -558,13 +271,6 @@ case_fleet_reboot() {
 }
 
 fleet_cases() {
-	run_case "(F1) one plugin per node: chart defaults, Ready on all 3 nodes, each node's own IDs and count" case_fleet_one_plugin_per_node
-	run_case "(F2) labelled mode, chart and kustomize: plugin pods only on labelled nodes; a label added starts one, removed stops it" case_fleet_labelled
-	run_case "(F3) placement: 5 lands on $FLEET_B, 17 stays Pending though the fleet has 20, pods of 4 fill $NODE with one" case_fleet_placement
-	run_case "(F4) rollout across nodes: never two nodes without a plugin, allocatable back, holders keep their devices" case_fleet_rollout
 	run_case "(F5) a node that joins late: node Ready to plugin, allocatable and a waiting pod Running, this plugin and the AWS stand-in" case_fleet_late_join
 	run_case "(F6) $NODE rebooted: kubelet start to Register, and what became of the pods holding EFAs there" case_fleet_reboot
-	run_case "(F7) isolation: $NODE's kubelet restarted and plugin killed; $FLEET_B's allocatable, holder and registrations unchanged" case_fleet_isolation
-	run_case "(F8) one Prometheus, every node's plugin: each names its own node's holders; the README's queries per pod and per node" case_fleet_metrics
-	run_case "(F9) drain $NODE: the Deployment's replacement runs on $FLEET_B with its EFAs; uncordoned, $NODE back to 4" case_fleet_drain
 }

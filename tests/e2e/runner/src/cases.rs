@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, anyhow, bail};
 
-use crate::cluster::{Cluster, health as cluster_health, node_mode, reboots};
+use crate::cluster::{Cluster, fleet, health as cluster_health, node_mode, reboots};
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
 use crate::plugin::{Stopped, allocation_series, sample};
@@ -286,6 +286,49 @@ pub const CASES: &[Case] = &[
         "T11 single-numa-node, static CPU manager: Guaranteed 1 CPU + 1 EFA -> CPU 1 + a NUMA-1 EFA",
         topology::static_cpu_manager_picks_node_1,
     ),
+    // The fleet's cases, in the order the suite's bash ran them, before the runner's others.
+    Case {
+        id: "F1",
+        label: "(F1) one plugin per node: chart defaults, Ready on all 3 nodes, each node's own IDs and count",
+        since: None,
+        run: Run::Cluster(fleet::one_plugin_per_node),
+    },
+    Case {
+        id: "F2",
+        label: "(F2) labelled mode, chart and kustomize: plugin pods only on labelled nodes; a label added starts one, removed stops it",
+        since: None,
+        run: Run::Cluster(fleet::labelled_scope),
+    },
+    Case {
+        id: "F3",
+        label: "(F3) placement: 5 lands on efa-b, 17 stays Pending though the fleet has 20, pods of 4 fill efa-a with one",
+        since: None,
+        run: Run::Cluster(fleet::placement),
+    },
+    Case {
+        id: "F4",
+        label: "(F4) rollout across nodes: never two nodes without a plugin, allocatable back, holders keep their devices",
+        since: None,
+        run: Run::Cluster(fleet::rollout),
+    },
+    Case {
+        id: "F7",
+        label: "(F7) isolation: efa-a's kubelet restarted and plugin killed; efa-b's allocatable, holder and registrations unchanged",
+        since: None,
+        run: Run::Cluster(fleet::isolation),
+    },
+    Case {
+        id: "F8",
+        label: "(F8) one Prometheus, every node's plugin: each names its own node's holders; the README's queries per pod and per node",
+        since: None,
+        run: Run::Cluster(fleet::one_prometheus),
+    },
+    Case {
+        id: "F9",
+        label: "(F9) drain efa-a: the Deployment's replacement runs on efa-b with its EFAs; uncordoned, efa-a back to 4",
+        since: None,
+        run: Run::Cluster(fleet::drain),
+    },
     Case {
         id: "E1",
         label: "(E1) admin queue closed on efa-b: a held and a free EFA leave allocatable, the holder runs on Unhealthy, EfaAdminCommandTimeouts names it; probed again, one comes back; cmds_err alone only alerts",

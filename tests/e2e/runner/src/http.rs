@@ -1,8 +1,8 @@
-//! A plain HTTP GET on loopback, as the bash suites used curl: the kubelet's read-only port and
-//! the plugin's metrics.
+//! A plain HTTP GET, as the bash suites used curl: the kubelet's read-only port and the plugin's
+//! metrics, on loopback or at a pod's IP.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -12,15 +12,17 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 /// The body of `GET path` on `127.0.0.1:port`, if the answer is 200. HTTP/1.0, so the server
 /// closes the connection after a body that is never chunked.
 pub fn get(port: u16, path: &str) -> Result<String> {
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    get_at(IpAddr::V4(Ipv4Addr::LOCALHOST), port, path)
+}
+
+/// [`get`] on `ip:port`.
+pub fn get_at(ip: IpAddr, port: u16, path: &str) -> Result<String> {
+    let addr = SocketAddr::new(ip, port);
     let mut stream =
         TcpStream::connect_timeout(&addr, TIMEOUT).with_context(|| format!("connect to {addr}"))?;
     stream.set_read_timeout(Some(TIMEOUT))?;
     stream.set_write_timeout(Some(TIMEOUT))?;
-    write!(
-        stream,
-        "GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"
-    )?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
     let mut response = Vec::new();
     stream
         .read_to_end(&mut response)

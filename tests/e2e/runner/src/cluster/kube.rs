@@ -10,6 +10,14 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+/// Where the chart and the manifests run the plugin, and the label they give its pods.
+const PLUGIN_NAMESPACE: &str = "kube-system";
+const PLUGIN_LABEL: (&str, &str) = ("app.kubernetes.io/name", "efa-device-plugin");
+
+fn plugin_selector() -> String {
+    format!("{}={}", PLUGIN_LABEL.0, PLUGIN_LABEL.1)
+}
+
 pub struct Kube {
     pub kubectl: PathBuf,
     pub kubeconfig: PathBuf,
@@ -19,14 +27,30 @@ pub struct Kube {
 pub struct Pod {
     pub metadata: Metadata,
     #[serde(default)]
+    pub spec: PodSpec,
+    #[serde(default)]
     pub status: PodStatus,
 }
 
 #[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Metadata {
     pub name: String,
     #[serde(default)]
     pub uid: String,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Set once the object is being deleted: a terminating pod serves nothing more.
+    #[serde(default)]
+    pub deletion_timestamp: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// Empty until the scheduler binds the pod.
+    #[serde(default)]
+    pub node_name: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -37,6 +61,8 @@ pub struct PodStatus {
     /// Why a pod failed: `UnexpectedAdmissionError` for one the kubelet refused.
     #[serde(default)]
     pub reason: String,
+    #[serde(default, rename = "podIP")]
+    pub pod_ip: String,
     #[serde(default)]
     pub conditions: Vec<Condition>,
     #[serde(default)]
@@ -48,6 +74,8 @@ pub struct Condition {
     #[serde(rename = "type")]
     pub kind: String,
     #[serde(default)]
+    pub status: String,
+    #[serde(default)]
     pub message: String,
 }
 
@@ -56,6 +84,9 @@ pub struct Condition {
 pub struct ContainerStatus {
     #[serde(default)]
     pub restart_count: u64,
+    /// `containerd://ID` once the container exists.
+    #[serde(default, rename = "containerID")]
+    pub container_id: String,
     /// KEP-4680: each allocated resource's devices with their health, where the kubelet reports
     /// it.
     #[serde(default)]
@@ -99,6 +130,29 @@ impl Pod {
             .sum()
     }
 
+    /// Labelled as the chart and the manifests label the plugin's pods.
+    pub fn is_plugin(&self) -> bool {
+        self.metadata.labels.get(PLUGIN_LABEL.0).map(String::as_str) == Some(PLUGIN_LABEL.1)
+    }
+
+    /// Ready and not terminating: a plugin pod that serves its node.
+    pub fn serves(&self) -> bool {
+        self.metadata.deletion_timestamp.is_none()
+            && self
+                .status
+                .conditions
+                .iter()
+                .any(|condition| condition.kind == "Ready" && condition.status == "True")
+    }
+
+    /// Pending because the scheduler finds too few of `resource` on every node.
+    pub fn pending_for(&self, resource: &str) -> bool {
+        self.status.phase == "Pending"
+            && self
+                .unschedulable_message()
+                .is_some_and(|message| message.contains(&format!("Insufficient {resource}")))
+    }
+
     /// The scheduler's message while it cannot place the pod.
     pub fn unschedulable_message(&self) -> Option<&str> {
         self.status
@@ -111,19 +165,29 @@ impl Pod {
 }
 
 #[derive(Debug, Deserialize)]
-struct Node {
-    status: NodeStatus,
+pub struct Node {
+    pub metadata: Metadata,
+    #[serde(default)]
+    pub status: NodeStatus,
 }
 
 #[derive(Debug, Default, Deserialize)]
-struct NodeStatus {
+pub struct NodeStatus {
     #[serde(default)]
-    allocatable: BTreeMap<String, String>,
+    pub allocatable: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
 struct List<T> {
     items: Vec<T>,
+}
+
+/// An item of a List of several kinds (`kubectl get nodes,pods`).
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind")]
+pub enum Object {
+    Node(Node),
+    Pod(Pod),
 }
 
 #[derive(Debug, Deserialize)]
@@ -225,22 +289,54 @@ impl Kube {
 
     /// The plugin's pods on `node`, by the label the chart and the manifests give them.
     pub fn plugin_pods(&self, node: &str) -> Result<Vec<Pod>> {
-        let list: List<Pod> = self.get(&[
-            "get",
-            "pods",
-            "-n",
-            "kube-system",
-            "-l",
-            "app.kubernetes.io/name=efa-device-plugin",
-            "--field-selector",
-            &format!("spec.nodeName={node}"),
-        ])?;
+        self.plugin_pods_where(&["--field-selector", &format!("spec.nodeName={node}")])
+    }
+
+    /// The plugin's pods on every node.
+    pub fn all_plugin_pods(&self) -> Result<Vec<Pod>> {
+        self.plugin_pods_where(&[])
+    }
+
+    /// The plugin's pods that `kubectl get`'s further `selectors` select.
+    fn plugin_pods_where(&self, selectors: &[&str]) -> Result<Vec<Pod>> {
+        let label = plugin_selector();
+        let mut args = vec!["get", "pods", "-n", PLUGIN_NAMESPACE, "-l", &label];
+        args.extend(selectors);
+        let list: List<Pod> = self.get(&args)?;
         Ok(list.items)
+    }
+
+    /// The one plugin pod that serves `node`; `None` while there is none, or more than one.
+    pub fn serving_plugin_pod(&self, node: &str) -> Result<Option<Pod>> {
+        let mut serving: Vec<Pod> = self
+            .plugin_pods(node)?
+            .into_iter()
+            .filter(Pod::serves)
+            .collect();
+        Ok((serving.len() == 1).then(|| serving.remove(0)))
+    }
+
+    /// Every node, and the plugin's pods, from one call: a sample of the fleet at one moment.
+    pub fn nodes_and_plugin_pods(&self) -> Result<Vec<Object>> {
+        let list: List<Object> = self.get(&["get", "nodes,pods", "-n", PLUGIN_NAMESPACE])?;
+        Ok(list
+            .items
+            .into_iter()
+            .filter(|object| match object {
+                Object::Node(_) => true,
+                Object::Pod(pod) => pod.is_plugin(),
+            })
+            .collect())
+    }
+
+    /// The log of pod `name` in `default`.
+    pub fn log(&self, name: &str) -> Result<String> {
+        self.run(&["logs", "-n", "default", name])
     }
 
     /// The log of the plugin pod `name`'s container, or of its previous one.
     pub fn plugin_log(&self, name: &str, previous: bool) -> Result<String> {
-        let mut args = vec!["logs", "-n", "kube-system", name];
+        let mut args = vec!["logs", "-n", PLUGIN_NAMESPACE, name];
         if previous {
             args.push("--previous");
         }

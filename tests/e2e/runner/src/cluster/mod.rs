@@ -2,6 +2,7 @@
 //! infrastructure it keeps (nodes, charts, Prometheus), and the nodes' fake EFA trees as the
 //! host sees them.
 
+pub mod fleet;
 pub mod health;
 mod host;
 mod kube;
@@ -13,6 +14,7 @@ mod workload;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use efa_device_plugin::testkit::simulate::{FakeNode, Nodes};
@@ -27,6 +29,9 @@ use prometheus::Prometheus;
 const FIXTURES_SYSFS: &str = "/run/efa-device-plugin-e2e/sys";
 const DEVICE_NODES: &str = "/dev/infiniband";
 const CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+/// How often every kubelet of the suite reports node status (`NODE_STATUS_PERIOD` in
+/// cluster.sh): allocatable moves on the next report.
+pub const NODE_STATUS_PERIOD: Duration = Duration::from_secs(10);
 
 pub struct Cluster {
     pub kube: Kube,

@@ -1,12 +1,65 @@
 //! The suite's real Prometheus, through its HTTP API on loopback.
 
+use std::collections::BTreeMap;
+
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
 
 use crate::http;
 
 pub struct Prometheus {
     pub port: u16,
+}
+
+/// What every API call answers: `data` on success, `error` otherwise.
+#[derive(Deserialize)]
+struct Answer<T> {
+    status: String,
+    #[serde(default)]
+    error: String,
+    data: Option<T>,
+}
+
+#[derive(Deserialize)]
+struct Vector {
+    result: Vec<Sample>,
+}
+
+/// A sample of an instant vector: its labels and its value as Prometheus prints it.
+#[derive(Debug, Deserialize)]
+pub struct Sample {
+    pub metric: BTreeMap<String, String>,
+    value: (f64, String),
+}
+
+impl Sample {
+    pub fn value(&self) -> &str {
+        &self.value.1
+    }
+
+    /// The value of `label`, `-` when the sample has none.
+    pub fn label(&self, label: &str) -> &str {
+        self.metric.get(label).map_or("-", String::as_str)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Targets {
+    active_targets: Vec<Target>,
+}
+
+/// A target Prometheus scrapes.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Target {
+    pub labels: BTreeMap<String, String>,
+    /// `up`, `down` or `unknown`.
+    pub health: String,
+    pub scrape_url: String,
+    #[serde(default)]
+    pub last_error: String,
 }
 
 impl Prometheus {
@@ -20,18 +73,31 @@ impl Prometheus {
         Ok(Prometheus { port })
     }
 
-    /// The instant vector `expr` evaluates to: each sample's labels.
-    pub fn query(&self, expr: &str) -> Result<Vec<Value>> {
-        let body = http::get(self.port, &format!("/api/v1/query?query={}", encode(expr)))?;
-        let answer: Value = serde_json::from_str(&body).context("Prometheus answered no JSON")?;
-        if answer["status"] != "success" {
-            bail!("query {expr}: {}", answer["error"]);
+    fn api<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        let body = http::get(self.port, path)?;
+        let answer: Answer<T> =
+            serde_json::from_str(&body).with_context(|| format!("{path}: not the API's JSON"))?;
+        match answer.data {
+            Some(data) if answer.status == "success" => Ok(data),
+            _ => bail!("{path}: {} {}", answer.status, answer.error),
         }
-        Ok(answer["data"]["result"]
-            .as_array()
+    }
+
+    /// The instant vector `expr` evaluates to.
+    pub fn query(&self, expr: &str) -> Result<Vec<Sample>> {
+        let vector: Vector = self
+            .api(&format!("/api/v1/query?query={}", encode(expr)))
+            .with_context(|| format!("query {expr}"))?;
+        Ok(vector.result)
+    }
+
+    /// The active targets of the scrape job `job`.
+    pub fn active_targets(&self, job: &str) -> Result<Vec<Target>> {
+        let targets: Targets = self.api("/api/v1/targets?state=active")?;
+        Ok(targets
+            .active_targets
             .into_iter()
-            .flatten()
-            .map(|sample| sample["metric"].clone())
+            .filter(|target| target.labels.get("job").is_some_and(|name| name == job))
             .collect())
     }
 
@@ -50,12 +116,12 @@ impl Prometheus {
         match self.query(&format!("ALERTS{{alertname=\"{alert}\"}}")) {
             Ok(samples) => samples
                 .iter()
-                .map(|labels| {
+                .map(|sample| {
                     format!(
                         "{} {} {}",
-                        labels["device"].as_str().unwrap_or("-"),
-                        labels["holder"].as_str().unwrap_or("-"),
-                        labels["alertstate"].as_str().unwrap_or("-")
+                        sample.label("device"),
+                        sample.label("holder"),
+                        sample.label("alertstate")
                     )
                 })
                 .collect::<Vec<_>>()
@@ -66,20 +132,13 @@ impl Prometheus {
 
     /// The job's active targets as `health scrapeUrl lastError` lines, for a failure's reason.
     pub fn targets(&self, job: &str) -> String {
-        let answer = http::get(self.port, "/api/v1/targets?state=active")
-            .and_then(|body| Ok(serde_json::from_str::<Value>(&body)?));
-        match answer {
-            Ok(answer) => answer["data"]["activeTargets"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|target| target["labels"]["job"] == job)
+        match self.active_targets(job) {
+            Ok(targets) => targets
+                .iter()
                 .map(|target| {
                     format!(
                         "{} {} {}",
-                        target["health"].as_str().unwrap_or("-"),
-                        target["scrapeUrl"].as_str().unwrap_or("-"),
-                        target["lastError"].as_str().unwrap_or("-")
+                        target.health, target.scrape_url, target.last_error
                     )
                 })
                 .collect::<Vec<_>>()
@@ -110,6 +169,24 @@ mod tests {
         assert_eq!(
             encode(r#"ALERTS{alertname="A b"}"#),
             "ALERTS%7Balertname%3D%22A%20b%22%7D"
+        );
+    }
+
+    #[test]
+    fn a_samples_labels_and_value_are_read_from_the_answer() {
+        let answer: Answer<Vector> = serde_json::from_str(
+            r#"{"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {"node": "efa-b", "pod": "hold-b"}, "value": [1733450000.5, "4"]}]}}"#,
+        )
+        .unwrap();
+        let [sample] = answer.data.unwrap().result.try_into().unwrap();
+        assert_eq!(
+            (
+                sample.label("node"),
+                sample.label("namespace"),
+                sample.value()
+            ),
+            ("efa-b", "-", "4")
         );
     }
 

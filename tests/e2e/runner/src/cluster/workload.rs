@@ -11,8 +11,12 @@ const HOSTNAME: &str = "kubernetes.io/hostname";
 /// Where a workload's pods may run.
 #[derive(Clone, Copy)]
 pub enum Placement<'a> {
+    /// Wherever the scheduler finds room.
+    Anywhere,
     /// On this node only, through the scheduler (`nodeSelector`).
     Node(&'a str),
+    /// On this node by preference (node affinity), which a drain overrides.
+    Prefer(&'a str),
     /// Bound to this node past the scheduler (`nodeName`), as a pod bound before a reboot.
     Bound(&'a str),
 }
@@ -31,7 +35,18 @@ fn pod_spec(count: u32, restart: &str, placement: Placement) -> Value {
         }],
     });
     match placement {
+        Placement::Anywhere => {}
         Placement::Node(node) => spec["nodeSelector"] = json!({HOSTNAME: node}),
+        Placement::Prefer(node) => {
+            spec["affinity"] = json!({"nodeAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [{
+                    "weight": 100,
+                    "preference": {"matchExpressions": [
+                        {"key": HOSTNAME, "operator": "In", "values": [node]}
+                    ]},
+                }],
+            }});
+        }
         Placement::Bound(node) => spec["nodeName"] = json!(node),
     }
     spec

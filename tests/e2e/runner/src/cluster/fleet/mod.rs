@@ -1,0 +1,309 @@
+//! The fleet's cases: what users live through on a fleet of nodes of different shapes (one
+//! plugin per node, placement by each node's count, rollouts and restarts that touch one node
+//! at a time, a drain, one Prometheus for all). The suite's bash brings the fleet up
+//! (`cluster/fleet.sh`, which still holds F5 and F6); each case installs the chart anew and pins
+//! its pods to the nodes it is about.
+
+mod labelled;
+mod metrics;
+mod placement;
+mod restarts;
+mod watch;
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io;
+
+use anyhow::{Context, Result, anyhow, bail, ensure};
+use efa_device_plugin::testkit::simulate::{FakeDevice, Shape, devices};
+use serde::Deserialize;
+
+use super::Cluster;
+use super::kube::Pod;
+use super::workload::{Placement, pod};
+use crate::cases::Detail;
+use crate::node::RESOURCE;
+use crate::pods::{joined, listing_entries};
+use crate::wait::{secs, wait_for};
+
+pub use labelled::labelled_scope;
+pub use metrics::one_prometheus;
+pub use placement::{drain, placement};
+pub use restarts::{isolation, rollout};
+
+const EFA_A: &str = "efa-a";
+const EFA_B: &str = "efa-b";
+const PLAIN: &str = "plain";
+
+/// A node of the fleet: its name, the shape its fake EFAs have (as `cluster/fleet.sh` lays them
+/// out) and how many it offers.
+struct FleetNode {
+    name: &'static str,
+    shape: Shape,
+    efas: u64,
+}
+
+const FLEET: [FleetNode; 3] = [
+    FleetNode {
+        name: EFA_A,
+        shape: Shape::P4d,
+        efas: 4,
+    },
+    FleetNode {
+        name: EFA_B,
+        shape: Shape::P5en,
+        efas: 16,
+    },
+    FleetNode {
+        name: PLAIN,
+        shape: Shape::NoEfa,
+        efas: 0,
+    },
+];
+
+const NAMES: [&str; 3] = [EFA_A, EFA_B, PLAIN];
+
+/// Where the plugin serves its metrics, on its pod's IP.
+const METRICS_PORT: u16 = 9465;
+
+fn fleet_node(name: &str) -> Result<&'static FleetNode> {
+    FLEET
+        .iter()
+        .find(|node| node.name == name)
+        .with_context(|| format!("{name} is no node of the fleet"))
+}
+
+/// The fleet up, no pod left in `default`, the chart installed anew with the suite's values
+/// and `helm_args`, and every node with a Ready plugin pod and its count allocatable.
+fn fleet_chart(cluster: &mut Cluster, helm_args: &[&str]) -> Result<()> {
+    cluster.host.request("chart", helm_args)?;
+    serving(cluster, &NAMES)
+}
+
+/// `body` on the fleet with the chart installed anew; the pods it makes (`pods`) are deleted
+/// after it, whatever its outcome.
+fn with_chart(
+    cluster: &mut Cluster,
+    pods: &[&str],
+    body: fn(&mut Cluster) -> Result<Detail>,
+) -> Result<Detail> {
+    fleet_chart(cluster, &[])?;
+    let outcome = body(cluster);
+    let cleaned = cluster.kube.delete_pods(pods);
+    let detail = outcome?;
+    cleaned.context("deleting the case's pods")?;
+    Ok(detail)
+}
+
+/// Each of `nodes` with a Ready plugin pod and its count allocatable.
+fn serving(cluster: &mut Cluster, nodes: &[&str]) -> Result<()> {
+    cluster.host.request("serving", nodes).map(drop)
+}
+
+/// `node`'s EFAs as testkit lays out its shape, checked against the node's tree: the same names
+/// under `class/infiniband`, each with the same uverbs node and device number.
+fn efas_of(cluster: &mut Cluster, node: &FleetNode) -> Result<Vec<FakeDevice>> {
+    let sysfs = cluster.fake_node(node.name)?.sysfs;
+    let efas: Vec<FakeDevice> = devices(node.shape)
+        .into_iter()
+        .filter(FakeDevice::is_efa)
+        .collect();
+    let class = sysfs.join("class/infiniband");
+    let names: BTreeSet<String> = match fs::read_dir(&class) {
+        Ok(entries) => entries
+            .map(|entry| Ok(entry?.file_name().to_string_lossy().into_owned()))
+            .collect::<io::Result<_>>()?,
+        Err(err) if err.kind() == io::ErrorKind::NotFound => BTreeSet::new(),
+        Err(err) => return Err(err).with_context(|| format!("list {}", class.display())),
+    };
+    let want: BTreeSet<String> = efas.iter().map(|efa| efa.ibdev.clone()).collect();
+    ensure!(
+        names == want,
+        "{}'s tree has [{}], not testkit's {:?} [{}]",
+        node.name,
+        joined(&names, " "),
+        node.shape,
+        joined(&want, " ")
+    );
+    for efa in &efas {
+        let dev = class
+            .join(&efa.ibdev)
+            .join("device/infiniband_verbs")
+            .join(efa.uverbs_name())
+            .join("dev");
+        let number = fs::read_to_string(&dev)
+            .with_context(|| format!("{}'s {}: {}", node.name, efa.ibdev, dev.display()))?;
+        ensure!(
+            number.trim() == efa.dev.to_string(),
+            "{}'s {} is {} {}, not testkit's {}",
+            node.name,
+            efa.ibdev,
+            efa.uverbs_name(),
+            number.trim(),
+            efa.dev
+        );
+    }
+    Ok(efas)
+}
+
+/// A pod whose container saw exactly the uverbs nodes of the EFAs its node's kubelet gave it.
+struct Held {
+    name: String,
+    node: String,
+    /// As the node's checkpoint lists them, sorted.
+    ids: Vec<String>,
+}
+
+/// A long-running pod asking for `count` EFAs, made anew, Running within 60 s, with exactly its
+/// EFAs on the node it runs on ([`check_devices`]).
+fn start_pod(cluster: &mut Cluster, name: &str, count: u32, placement: Placement) -> Result<Held> {
+    let kube = &cluster.kube;
+    kube.delete_pods(&[name])?;
+    kube.apply(&pod(name, count, "Never", placement))?;
+    let running = wait_for(&format!("pod {name} Running"), secs(60), || {
+        Ok(kube.pod(name)?.filter(|pod| pod.status.phase == "Running"))
+    })
+    .map_err(|err| anyhow!("{err}: {}", kube.events_of(name)))?;
+    check_devices(cluster, name, count, &running.spec.node_name)
+}
+
+/// Pod `name` runs on `node`, and its container saw exactly the uverbs nodes of the `count`
+/// EFAs the node's kubelet gave it (its checkpoint), as testkit pairs them on the node's shape.
+fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> Result<Held> {
+    let pod = cluster
+        .kube
+        .pod(name)?
+        .with_context(|| format!("pod {name} is gone"))?;
+    ensure!(
+        pod.spec.node_name == node,
+        "pod {name} runs on '{}', want {node}",
+        pod.spec.node_name
+    );
+    let ids = cluster
+        .checkpoint(node)?
+        .allocated(&pod.metadata.uid, RESOURCE);
+    ensure!(
+        ids.len() == count as usize,
+        "{node}'s checkpoint gives pod {name} {} devices [{}], want {count}",
+        ids.len(),
+        ids.join(" ")
+    );
+    let efas = efas_of(cluster, fleet_node(node)?)?;
+    let kube = &cluster.kube;
+    // The container prints FI_PROVIDER after the listing, so the listing is whole.
+    let log = wait_for(&format!("pod {name}'s listing"), secs(20), || {
+        Ok(kube
+            .log(name)
+            .ok()
+            .filter(|log| log.lines().any(|line| line.starts_with("FI_PROVIDER="))))
+    })?;
+    fs::write(cluster.run.join(format!("logs/pod-{name}.log")), &log)?;
+    let got = listing_entries(&log);
+    let want = ids
+        .iter()
+        .map(|id| {
+            let efa = efas
+                .iter()
+                .find(|efa| &efa.ibdev == id)
+                .with_context(|| format!("{id} is none of {node}'s EFAs"))?;
+            Ok(format!(
+                "c {} {} {}",
+                efa.dev.major,
+                efa.dev.minor,
+                efa.uverbs_name()
+            ))
+        })
+        .collect::<Result<BTreeSet<String>>>()?;
+    ensure!(
+        got == want,
+        "pod {name} on {node} sees [{}] in /dev/infiniband, want [{}]",
+        joined(&got, ";"),
+        joined(&want, ";")
+    );
+    Ok(Held {
+        name: name.to_owned(),
+        node: node.to_owned(),
+        ids,
+    })
+}
+
+/// `name phase node` of each pod, for a failure's reason.
+fn summary(pods: &[Pod]) -> String {
+    pods.iter()
+        .map(|pod| {
+            format!(
+                "{} {} {}",
+                pod.metadata.name, pod.status.phase, pod.spec.node_name
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("|")
+}
+
+/// An EFA as `efa-device-plugin list --output json` prints it.
+#[derive(Deserialize)]
+struct Listed {
+    id: String,
+}
+
+/// Where the chart's values mount the node's fake tree in the plugin pod.
+const SYSFS_IN_POD: &str = "/e2e-sysfs";
+
+/// The IDs `list` prints in `node`'s plugin pod, sorted.
+fn listed_ids(cluster: &Cluster, node: &str) -> Result<Vec<String>> {
+    let kube = &cluster.kube;
+    let pod = kube
+        .serving_plugin_pod(node)?
+        .with_context(|| format!("no Ready plugin pod on {node}"))?;
+    let out = kube.run(&[
+        "exec",
+        "-n",
+        "kube-system",
+        &pod.metadata.name,
+        "--",
+        "/efa-device-plugin",
+        "--sysfs-root",
+        SYSFS_IN_POD,
+        "list",
+        "--output",
+        "json",
+    ])?;
+    let listed: Vec<Listed> = serde_json::from_str(&out)
+        .with_context(|| format!("list in {}: not JSON: {out}", pod.metadata.name))?;
+    let mut ids: Vec<String> = listed.into_iter().map(|efa| efa.id).collect();
+    ids.sort();
+    Ok(ids)
+}
+
+/// (F1) With the chart's defaults, every node has one Ready plugin pod, which lists exactly its
+/// own node's EFAs, and the node offers their count.
+pub fn one_plugin_per_node(cluster: &mut Cluster) -> Result<Detail> {
+    fleet_chart(cluster, &[])?;
+    let mut detail = Vec::new();
+    for node in &FLEET {
+        let got = listed_ids(cluster, node.name)?;
+        let mut want: Vec<String> = efas_of(cluster, node)?
+            .into_iter()
+            .map(|efa| efa.ibdev)
+            .collect();
+        want.sort();
+        if got != want {
+            bail!(
+                "the plugin on {} lists [{}], want its own EFAs [{}]",
+                node.name,
+                got.join(" "),
+                want.join(" ")
+            );
+        }
+        let allocatable = cluster
+            .kube
+            .allocatable(node.name, RESOURCE)?
+            .map_or_else(|| "no".to_owned(), |count| count.to_string());
+        detail.push(format!(
+            "{}: {allocatable} allocatable, {} IDs",
+            node.name,
+            got.len()
+        ));
+    }
+    Ok(detail.join("; "))
+}
