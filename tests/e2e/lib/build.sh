@@ -95,14 +95,35 @@ use_kube_toolchain() {
 # staging modules at ./staging, which does not exist for a dependency; each one
 # is published as v0.<minor>.<patch>.
 kube_gomod() {
-	local work=$1 name=$2 staging_version=v0.${KUBE_VERSION#v1.} gomod
-	gomod=$(kube_module_gomod "$work") && use_kube_toolchain "$gomod" || return 1
+	local work=$1 name=$2 staging_version=v0.${KUBE_VERSION#v1.} gomod standin
+	gomod=$(kube_module_gomod "$work") && use_kube_toolchain "$gomod" &&
+		standin=$(iptables_standin_replace "$work" "$gomod") || return 1
 	{
 		echo "module efa-device-plugin-e2e/$name"
 		echo "go 1.22.0"
 		echo "require k8s.io/kubernetes $KUBE_VERSION"
 		sed -n 's#^[[:space:]]*\(k8s\.io/[^ ]*\) => \./staging/.*#replace \1 => \1 '"$staging_version"'#p' "$gomod"
+		[[ -z $standin ]] || echo "$standin"
 	} >"$work/go.mod"
+}
+
+# iptables_standin_replace WORK GOMOD: prints a replace directive pointing
+# sigs.k8s.io/iptables-wrappers at tests/e2e/iptables-standin when GOMOD
+# (k8s.io/kubernetes's) requires the module and the module proxy refuses its
+# source, as it does for v1.0.0, which the kubelet imports from 1.38 on.
+# Prints nothing when the module is not required or is served; fails when the
+# download fails for any other reason, so a network fault is not hidden.
+iptables_standin_replace() {
+	local work=$1 gomod=$2 module=sigs.k8s.io/iptables-wrappers version err
+	version=$(awk -v module="$module" '$1 == module && $2 ~ /^v/ { print $2; exit }' "$gomod")
+	[[ -n $version ]] || return 0
+	err=$(cd "$work" && go mod download "$module@$version" 2>&1) && return 0
+	if ! grep -qE '(403|404|410) |not available' <<<"$err"; then
+		printf '%s\n' "$err" >&2
+		return 1
+	fi
+	echo "# $module@$version: the module proxy refuses its source; building against tests/e2e/iptables-standin" >&2
+	echo "replace $module => $(cd "$(dirname "${BASH_SOURCE[0]}")/../iptables-standin" && pwd)"
 }
 
 # The binary `go build` names for PKG: its last element, or the one before a
