@@ -1,21 +1,18 @@
 //! Health that follows how an EFA fails in place, on the fleet's p5en node.
 
 use std::fs;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use efa_device_plugin::testkit::simulate::{FakeDevice, FakeNode, Shape, devices};
 
-use super::Cluster;
 use super::workload::pod_on;
+use super::{Cluster, NODE_STATUS_PERIOD};
 use crate::cases::Detail;
 use crate::node::RESOURCE;
 use crate::wait::{secs, wait_for, wait_until};
 
 const NODE: &str = "efa-b";
-/// The kubelet's node-status period in the suite (`NODE_STATUS_PERIOD`): allocatable moves on
-/// the next status update.
-const STATUS_PERIOD: Duration = Duration::from_secs(10);
 const HOLDER: &str = "e1-holder";
 const ALL: &str = "e1-all";
 const TIMEOUT_ALERT: &str = "EfaAdminCommandTimeouts";
@@ -106,7 +103,7 @@ pub fn admin_queue_closed(cluster: &mut Cluster) -> Result<Detail> {
         .and_then(|()| {
             wait_until(
                 &format!("{NODE} back to {total}"),
-                STATUS_PERIOD + secs(30),
+                NODE_STATUS_PERIOD + secs(30),
                 || cluster.kube.allocatable(NODE, RESOURCE).ok().flatten() == Some(total),
             )
         });
@@ -143,7 +140,7 @@ fn closed_queues(
     let allocatable = || kube.allocatable(NODE, RESOURCE).ok().flatten();
     wait_until(
         &format!("{NODE} at {total} allocatable"),
-        STATUS_PERIOD + secs(30),
+        NODE_STATUS_PERIOD + secs(30),
         || allocatable() == Some(total),
     )?;
 
@@ -153,7 +150,7 @@ fn closed_queues(
     }
     wait_until(
         &format!("{NODE}'s allocatable down by both closed EFAs"),
-        STATUS_PERIOD + secs(20),
+        NODE_STATUS_PERIOD + secs(20),
         || allocatable() == Some(total - 2),
     )
     .map_err(|err| anyhow!("{err}: allocatable {:?}", allocatable()))?;
@@ -244,7 +241,7 @@ fn closed_queues(
     let probed = Instant::now();
     wait_until(
         &format!("{NODE}'s allocatable up by the re-created {}", closed.ibdev),
-        STATUS_PERIOD + secs(20),
+        NODE_STATUS_PERIOD + secs(20),
         || allocatable() == Some(total - 1),
     )
     .map_err(|err| anyhow!("{err}: allocatable {:?}", allocatable()))?;
