@@ -1,15 +1,16 @@
 """Checks monitoring/node-problem-detector/efa-kernel-monitor.json with the real Node Problem
 Detector: each of the efa driver's three failure kinds in the kernel log turns the node condition
-True with its own reason, and lines of other drivers, or of the efa driver doing well, change
-nothing.
+EfaAdminQueueClosed True with its own reason, the driver core's line for a failed efa probe turns
+EfaProbeFailed True, each leaves the other condition as it was, and lines of other drivers, or of
+the efa driver doing well, change nothing.
 
 The shipped config reads /dev/kmsg, whose path NPD's kmsg plugin does not let a config change,
 and writing to it would put the lines in the host's kernel log. So the check runs NPD on a copy
 whose log watcher alone is replaced, by the filelog plugin on a file the check writes in the
-format of a kernel log file (rsyslog's high-precision timestamps); the condition and the rules
+format of a kernel log file (rsyslog's high-precision timestamps); the conditions and the rules
 are the shipped file's own. NPD runs standalone: the Kubernetes exporter off, its own
 server off, and its Prometheus exporter on a free loopback port, whose problem_gauge{type,
-reason} (1 while the condition is True with that reason) and problem_counter{reason} (one per
+reason} (1 while that condition is True with that reason) and problem_counter{reason} (one per
 event) are what the check reads.
 
 usage: npd_check.py NPD_BINARY SHIPPED_CONFIG WORK_DIR
@@ -27,12 +28,16 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timezone
 
-CONDITION = "EfaAdminQueueClosed"
-DEFAULT_REASON = "NoEfaAdminQueueFailure"
-# What each kind sets the condition's reason to, and the event each line makes.
-TIMEOUT = ("AdminCommandTimeout", "EfaAdminCommandTimeout")
-CLOSED = ("AdminQueueClosed", "EfaAdminCommandRefused")
-RESET = ("DeviceResetFailed", "EfaDeviceResetFailed")
+# Each condition's type and the reason it has while False.
+ADMIN_QUEUE = ("EfaAdminQueueClosed", "NoEfaAdminQueueFailure")
+PROBE = ("EfaProbeFailed", "NoEfaProbeFailure")
+CONDITIONS = [ADMIN_QUEUE, PROBE]
+# Each kind: the condition it sets, the reason it sets it to, and the event each line makes.
+TIMEOUT = (ADMIN_QUEUE[0], "AdminCommandTimeout", "EfaAdminCommandTimeout")
+CLOSED = (ADMIN_QUEUE[0], "AdminQueueClosed", "EfaAdminCommandRefused")
+RESET = (ADMIN_QUEUE[0], "DeviceResetFailed", "EfaDeviceResetFailed")
+PROBE_FAILED = (PROBE[0], "ProbeFailed", "EfaProbeFailed")
+KINDS = (TIMEOUT, CLOSED, RESET, PROBE_FAILED)
 
 # The driver's lines as the kernel logs them. ibdev_err on a registered device prefixes the PCI
 # function's driver and address and the ibdev name; before the device has a parent and a name
@@ -55,6 +60,39 @@ DRIVER_LINES = {
     "reset at probe": "(null): Reset indication didn't turn on",
     # efa_com_dev_reset from efa_remove_device, on another EFA
     "reset at remove": "efa 0000:10:1c.0 rdmap16s28: Reset indication didn't turn off",
+}
+
+# The driver core's line for a probe that failed (drivers/base/dd.c, call_driver_probe; any
+# errno but -EPROBE_DEFER, -ENODEV and -ENXIO, which it logs at debug level only). From Linux 6.9
+# it is dev_err(dev, "probe with driver %s failed with error %d\n"), whose prefix is the driver
+# set on the device before its probe and the PCI address; before 6.9 (Amazon Linux 2023's 6.1)
+# it was pr_warn("%s: probe of %s failed with error %d\n") with the driver's name and the
+# address. The addresses and errnos are made up.
+PROBE_LINES = {
+    "probe failed": "efa 0000:20:1b.0: probe with driver efa failed with error -62",
+    "probe failed before 6.9": "efa: probe of 0000:20:1c.0 failed with error -110",
+}
+
+# Lines like the failed probe's that must change nothing: ENA's failed probe in both forms, the
+# efa driver's probe that rejects a device (logged only under dynamic debug), and a driver whose
+# name merely ends in "efa".
+PROBE_LOOKALIKES = [
+    "ena 0000:00:05.0: probe with driver ena failed with error -12",
+    "ena: probe of 0000:00:05.0 failed with error -12",
+    "efa 0000:20:1b.0: probe with driver efa rejects match -19",
+    "xefa: probe of 0000:20:1b.0 failed with error -5",
+]
+
+# Which kind each driver line is.
+KIND_OF_LINE = {
+    DRIVER_LINES["polling timeout"]: TIMEOUT,
+    DRIVER_LINES["no completion"]: TIMEOUT,
+    DRIVER_LINES["missed MSI-X"]: TIMEOUT,
+    DRIVER_LINES["queue closed"]: CLOSED,
+    DRIVER_LINES["reset at probe"]: RESET,
+    DRIVER_LINES["reset at remove"]: RESET,
+    PROBE_LINES["probe failed"]: PROBE_FAILED,
+    PROBE_LINES["probe failed before 6.9"]: PROBE_FAILED,
 }
 
 # Lines that must change nothing: the efa driver's own info lines, and other drivers' errors,
@@ -102,17 +140,12 @@ def shipped_names(shipped):
     """Checks that the shipped file names what the check expects, so a failure below is about
     the patterns, not the names."""
     conditions = [(c["type"], c["reason"]) for c in shipped["conditions"]]
-    if conditions != [(CONDITION, DEFAULT_REASON)]:
-        raise CheckFailed(f"the shipped conditions are {conditions}, not [({CONDITION!r}, {DEFAULT_REASON!r})]")
-    permanent = {r["reason"] for r in shipped["rules"] if r["type"] == "permanent"}
-    temporary = {r["reason"] for r in shipped["rules"] if r["type"] == "temporary"}
-    conditions_of_rules = {r.get("condition") for r in shipped["rules"] if r["type"] == "permanent"}
-    kinds = (TIMEOUT, CLOSED, RESET)
-    if permanent != {k[0] for k in kinds} or temporary != {k[1] for k in kinds} or conditions_of_rules != {CONDITION}:
-        raise CheckFailed(
-            f"the shipped rules set {sorted(permanent)} on {sorted(conditions_of_rules, key=str)} "
-            f"and make events {sorted(temporary)}"
-        )
+    if conditions != CONDITIONS:
+        raise CheckFailed(f"the shipped conditions are {conditions}, not {CONDITIONS}")
+    permanent = sorted((r.get("condition"), r["reason"]) for r in shipped["rules"] if r["type"] == "permanent")
+    temporary = sorted(r["reason"] for r in shipped["rules"] if r["type"] == "temporary")
+    if permanent != sorted(k[:2] for k in KINDS) or temporary != sorted(k[2] for k in KINDS):
+        raise CheckFailed(f"the shipped rules set (condition, reason) {permanent} and make events {temporary}")
     if not shipped.get("metricsReporting", True):
         raise CheckFailed("the shipped config turns metricsReporting off, so NPD's exporter shows nothing of it")
 
@@ -144,10 +177,11 @@ def scrape(port):
     return state
 
 
-def expected_state(current_reason, counts):
-    state = {("gauge", CONDITION, kind[0]): float(kind[0] == current_reason) for kind in (TIMEOUT, CLOSED, RESET)}
-    for kind in (TIMEOUT, CLOSED, RESET):
-        for reason in kind:
+def expected_state(current, counts):
+    """current: each True condition's reason; counts: how many times each reason was counted."""
+    state = {("gauge", kind[0], kind[1]): float(current.get(kind[0]) == kind[1]) for kind in KINDS}
+    for kind in KINDS:
+        for reason in kind[1:]:
             state[("counter", reason)] = float(counts.get(reason, 0))
     return state
 
@@ -256,16 +290,21 @@ def run(binary, shipped_path, work):
     npd = Npd(binary, config_path, work)
     passed = 0
     try:
-        counts = {}
-        npd.wait_for(expected_state(None, counts), "NPD started with the condition False and no events", START_TIMEOUT)
-        print("ok - NPD starts with the condition False and every reason at 0")
+        current, counts = {}, {}
+        npd.wait_for(expected_state(current, counts), "NPD started with the conditions False and no events",
+                     START_TIMEOUT)
+        print("ok - NPD starts with both conditions False and every reason at 0")
         passed += 1
 
         # Each step: lines appended, then the state they must lead to. NPD reads the file in
         # order, so a state reached after unrelated lines proves those lines changed nothing; a
-        # repeated kind counts its event but makes no new condition event.
-        # (what, the lines, the kind they show, whether the condition's reason changes)
+        # repeated kind counts its event but makes no new condition event. Each condition keeps
+        # its reason through the other's steps: the probe step leaves EfaAdminQueueClosed False,
+        # and the admin-queue steps leave EfaProbeFailed as the probe step set it.
+        # (what, the lines, the kind they show, whether its condition's reason changes)
         steps = [
+            ("unrelated lines and lookalikes, then a failed efa probe",
+             UNRELATED_LINES + PROBE_LOOKALIKES + [PROBE_LINES["probe failed"]], PROBE_FAILED, True),
             ("unrelated lines, then a polling timeout",
              UNRELATED_LINES + [DRIVER_LINES["polling timeout"]], TIMEOUT, True),
             ("the interrupt-mode timeouts, same reason",
@@ -276,15 +315,20 @@ def run(binary, shipped_path, work):
              [DRIVER_LINES["reset at probe"]], RESET, True),
             ("unrelated lines, then a reset failure at removal",
              UNRELATED_LINES + [DRIVER_LINES["reset at remove"]], RESET, False),
+            ("lookalikes, then a failed efa probe in the pre-6.9 form, same reason",
+             PROBE_LOOKALIKES + [PROBE_LINES["probe failed before 6.9"]], PROBE_FAILED, False),
         ]
         for what, lines, kind, changes in steps:
             append(kernel_log, lines)
-            events = sum(1 for line in lines if line in DRIVER_LINES.values())
-            counts[kind[1]] = counts.get(kind[1], 0) + events
+            for line in lines:
+                if line in KIND_OF_LINE:
+                    event = KIND_OF_LINE[line][2]
+                    counts[event] = counts.get(event, 0) + 1
             if changes:
-                counts[kind[0]] = counts.get(kind[0], 0) + 1
-            npd.wait_for(expected_state(kind[0], counts), what, STEP_TIMEOUT)
-            print(f"ok - {what}: {CONDITION} True, reason {kind[0]}; {kind[1]} events so far: {counts[kind[1]]}")
+                counts[kind[1]] = counts.get(kind[1], 0) + 1
+            current[kind[0]] = kind[1]
+            npd.wait_for(expected_state(current, counts), what, STEP_TIMEOUT)
+            print(f"ok - {what}: {kind[0]} True, reason {kind[1]}; {kind[2]} events so far: {counts[kind[2]]}")
             passed += 1
     finally:
         clean = npd.stop()
