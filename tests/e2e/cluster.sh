@@ -332,23 +332,27 @@ cluster_cases() {
 	soak_cases
 }
 
-# runner_cases: the cases the typed runner (tests/e2e/runner) holds, run on the
-# cluster as the cases before left it. The runner asks the suite for the
-# infrastructure it keeps through two FIFOs, one request at a time (see
-# host_request); its tally joins the suite's.
+# runner_cases [IDS]: the cases the typed runner (tests/e2e/runner) holds (those
+# whose ID matches the regex IDS), run on the cluster as the cases before left
+# it. The runner asks the suite for the infrastructure it keeps through two
+# FIFOs, one request at a time (see host_request); its tally joins the suite's.
 runner_cases() {
 	local dir=$T/runner line rc pid passed failed skipped
-	if ! { mkdir -p "$dir" && mkfifo "$dir/requests" "$dir/replies"; }; then
+	local -a group=()
+	[[ -n ${1:-} ]] && group=(--ids "$1")
+	if ! { mkdir -p "$dir" && { [[ -p $dir/requests ]] || mkfifo "$dir/requests"; } &&
+		{ [[ -p $dir/replies ]] || mkfifo "$dir/replies"; }; }; then
 		echo "FAIL (runner) cannot make its FIFOs in $dir"
 		FAILED=$((FAILED + 1))
 		return
 	fi
+	rm -f "$T/tally"
 	# Held open for reading and writing, so that neither side's open waits for
 	# the other's and a runner that dies early leaves nothing blocked.
 	exec 7<>"$dir/requests" 8<>"$dir/replies"
 	"$RUNNER" --suite cluster --run-dir "$T" --kubelet "$BIN/kubelet" --plugin "$PLUGIN" \
 		--kube-version "$KUBE_VERSION" --kubectl "$BIN/kubectl" --kubeconfig "$KUBECONFIG" \
-		--requests "$dir/requests" --replies "$dir/replies" 7<&- 8<&- 9>&- &
+		--requests "$dir/requests" --replies "$dir/replies" "${group[@]}" 7<&- 8<&- 9>&- &
 	pid=$!
 	while alive "$pid"; do
 		IFS= read -r -t 1 -u 7 line || continue

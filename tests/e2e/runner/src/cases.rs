@@ -687,9 +687,10 @@ mod tests {
     /// A case as docs/testing.md lists it: its ID and its name.
     type Listed = (String, String);
 
-    /// The cases of a suite in docs/testing.md: the `- K1. name: ...` items of the section
-    /// that starts with `heading`.
-    fn documented(testing: &str, heading: &str, prefix: char) -> BTreeSet<Listed> {
+    /// The cases of a suite in docs/testing.md whose IDs start with `prefix` (any, for ""): the
+    /// `- K1. name: ...` items and the `1. name: ...` numbered items of the section that starts
+    /// with `heading`.
+    fn documented(testing: &str, heading: &str, prefix: &str) -> BTreeSet<Listed> {
         let start = testing
             .find(heading)
             .unwrap_or_else(|| panic!("no section {heading} in docs/testing.md"));
@@ -697,13 +698,19 @@ mod tests {
         let section = &section[..section.find("\n## ").unwrap_or(section.len())];
         section
             .lines()
-            .filter_map(|line| line.strip_prefix("- "))
-            .filter(|item| item.starts_with(prefix))
-            .filter_map(|item| {
-                let (id, rest) = item.split_once(". ")?;
+            .filter_map(|line| {
+                let (id, rest) = line.strip_prefix("- ").unwrap_or(line).split_once(". ")?;
+                let numbered = !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit());
+                let lettered = id.len() > 1
+                    && id.as_bytes()[0].is_ascii_uppercase()
+                    && line.starts_with("- ")
+                    && id[1..].bytes().all(|b| b.is_ascii_alphanumeric());
+                ((numbered || lettered) && id.starts_with(prefix)).then_some((id, rest))
+            })
+            .map(|(id, rest)| {
                 // A row without a name before a colon is listed by its ID alone.
                 let name = rest.split_once(':').map_or("", |(name, _)| name);
-                Some((id.to_owned(), name.to_owned()))
+                (id.to_owned(), name.to_owned())
             })
             .collect()
     }
@@ -745,7 +752,7 @@ mod tests {
 
     #[test]
     fn docs_list_the_kubelet_suites_cases_and_no_other() {
-        let docs = documented(&testing_md(), "## End-to-end against a real kubelet", 'K');
+        let docs = documented(&testing_md(), "## End-to-end against a real kubelet", "K");
         let found = differences(&docs, &table(Suite::Kubelet));
         assert!(found.is_empty(), "{}", found.join("\n"));
     }
@@ -755,7 +762,7 @@ mod tests {
         let docs = documented(
             &testing_md(),
             "## End-to-end: NUMA alignment by the real Topology Manager",
-            'T',
+            "T",
         );
         let found = differences(&docs, &table(Suite::Topology));
         assert!(found.is_empty(), "{}", found.join("\n"));
@@ -780,40 +787,33 @@ mod tests {
         ids
     }
 
-    /// Until the cluster suite is all in the runner, its E and F rows in docs/testing.md are
-    /// checked by ID against the runner's cases and bash's together, and the runner's by name.
+    /// Until the cluster suite is all in the runner, its rows in docs/testing.md are checked by
+    /// ID against the runner's cases and bash's together, and the runner's by name.
     #[test]
     fn docs_list_the_cluster_suites_runner_cases_and_no_other() {
         let heading = "## End-to-end: what users install, on a real cluster";
         let runner = table(Suite::Cluster);
         let bash = bash_cluster_ids();
-        for prefix in ['E', 'F'] {
-            let docs = documented(&testing_md(), heading, prefix);
-            let ours: BTreeSet<Listed> = runner
-                .iter()
-                .filter(|(id, _)| id.starts_with(prefix))
-                .cloned()
-                .collect();
-            let named: BTreeSet<Listed> = docs
-                .iter()
-                .filter(|(id, _)| !bash.contains(id))
-                .cloned()
-                .collect();
-            let found = differences(&named, &ours);
-            assert!(found.is_empty(), "{}", found.join("\n"));
-            for (id, _) in &ours {
-                assert!(
-                    !bash.contains(id),
-                    "case {id} is both the runner's and bash's"
-                );
-            }
-            let bash_rows = docs.iter().filter(|(id, _)| bash.contains(id)).count();
-            let bash_cases = bash.iter().filter(|id| id.starts_with(prefix)).count();
-            assert_eq!(
-                bash_rows, bash_cases,
-                "docs/testing.md lists {bash_rows} of bash's {bash_cases} {prefix} cases"
+        let docs = documented(&testing_md(), heading, "");
+        let named: BTreeSet<Listed> = docs
+            .iter()
+            .filter(|(id, _)| !bash.contains(id))
+            .cloned()
+            .collect();
+        let found = differences(&named, &runner);
+        assert!(found.is_empty(), "{}", found.join("\n"));
+        for (id, _) in &runner {
+            assert!(
+                !bash.contains(id),
+                "case {id} is both the runner's and bash's"
             );
         }
+        let rows: BTreeSet<&String> = docs.iter().map(|(id, _)| id).collect();
+        let undocumented: Vec<&String> = bash.iter().filter(|id| !rows.contains(id)).collect();
+        assert!(
+            undocumented.is_empty(),
+            "docs/testing.md lists none of bash's cases {undocumented:?}"
+        );
     }
 
     #[test]
@@ -839,6 +839,21 @@ mod tests {
         assert_eq!(
             differences(&docs, &table),
             ["case T6 (best-effort) is not in docs/testing.md"]
+        );
+    }
+
+    #[test]
+    fn numbered_and_lettered_rows_are_listed_and_prose_is_not() {
+        let testing = "## Suite\n\n1. first case: what it proves;\n- D1. handoff: more.\n\
+                       - the tree gains. Not a case\nSee 2. in prose: no case\n## Next\n- D2. x: y";
+        let listed = |id: &str, name: &str| (id.to_owned(), name.to_owned());
+        assert_eq!(
+            documented(testing, "## Suite", ""),
+            BTreeSet::from([listed("1", "first case"), listed("D1", "handoff")])
+        );
+        assert_eq!(
+            documented(testing, "## Suite", "D"),
+            BTreeSet::from([listed("D1", "handoff")])
         );
     }
 
