@@ -10,7 +10,7 @@ use super::workload::pod_on;
 use super::{Cluster, NODE_STATUS_PERIOD};
 use crate::cases::Detail;
 use crate::node::RESOURCE;
-use crate::wait::{secs, wait_for, wait_until};
+use crate::wait::{secs, wait_until};
 
 const NODE: &str = "efa-b";
 const HOLDER: &str = "e1-holder";
@@ -60,14 +60,7 @@ pub fn admin_queue_closed(cluster: &mut Cluster) -> Result<Detail> {
     let total = efas.len() as u64;
     let checkpoint = cluster.checkpoint(NODE)?;
 
-    cluster.kube.apply(&pod_on(HOLDER, 1, NODE))?;
-    let holder = wait_for("the holder Running", secs(60), || {
-        Ok(cluster
-            .kube
-            .pod(HOLDER)?
-            .filter(|pod| pod.status.phase == "Running"))
-    })
-    .map_err(|err| anyhow!("{err}: {}", cluster.kube.events_of(HOLDER)))?;
+    let holder = cluster.kube.run_pod(&pod_on(HOLDER, 1, NODE))?;
     let held_ids = checkpoint.allocated(&holder.metadata.uid, RESOURCE);
     let [held_id] = held_ids.as_slice() else {
         bail!("the checkpoint gives the holder {held_ids:?}, want one EFA");
@@ -225,15 +218,13 @@ fn closed_queues(
     );
 
     kube.apply(&pod_on(ALL, total as u32, NODE))?;
-    let pending = wait_for(&format!("{ALL} Pending for {RESOURCE}"), secs(30), || {
-        Ok(kube.pod(ALL)?.and_then(|pod| {
-            let message = pod.unschedulable_message()?.to_owned();
-            (pod.status.phase == "Pending" && message.contains(&format!("Insufficient {RESOURCE}")))
-                .then_some(message)
-        }))
+    wait_until(&format!("{ALL} Pending for {RESOURCE}"), secs(30), || {
+        kube.pod(ALL)
+            .ok()
+            .flatten()
+            .is_some_and(|pod| pod.pending_for(RESOURCE))
     })
     .map_err(|err| anyhow!("{err}: {}", kube.events_of(ALL)))?;
-    let _ = pending;
 
     // The driver's reset: the device goes and comes back with counters at 0.
     fake.remove(closed)?;

@@ -5,10 +5,12 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+
+use crate::wait::{secs, wait_for};
 
 /// Where the chart and the manifests run the plugin, and the label they give its pods.
 const PLUGIN_NAMESPACE: &str = "kube-system";
@@ -383,6 +385,18 @@ impl Kube {
             }
         }
         Ok(())
+    }
+
+    /// Applies `pod` and waits until it is Running; on a timeout, the reason carries its events.
+    pub fn run_pod(&self, pod: &Value) -> Result<Pod> {
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .context("a pod to run has no metadata.name")?;
+        self.apply(pod)?;
+        wait_for(&format!("pod {name} Running"), secs(60), || {
+            Ok(self.pod(name)?.filter(|pod| pod.status.phase == "Running"))
+        })
+        .map_err(|err| anyhow!("{err}: {}", self.events_of(name)))
     }
 
     /// Deletes the pods of `default` named, waiting until they are gone.

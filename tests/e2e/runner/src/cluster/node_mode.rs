@@ -163,11 +163,7 @@ fn beside_the_daemonset(
     .map_err(|err| anyhow!("{err}: {}", prometheus.targets(SCRAPE_JOB)))?;
 
     let held = |name: &str| -> Result<Vec<String>> {
-        kube.apply(&pod_on(name, 2, NODE))?;
-        let pod = wait_for(&format!("{name} Running"), secs(60), || {
-            Ok(kube.pod(name)?.filter(|pod| pod.status.phase == "Running"))
-        })
-        .map_err(|err| anyhow!("{err}: {}", kube.events_of(name)))?;
+        let pod = kube.run_pod(&pod_on(name, 2, NODE))?;
         Ok(checkpoint.allocated(&pod.metadata.uid, RESOURCE))
     };
     let first = held(FIRST_POD)?;

@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, bail, ensure};
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape, devices};
 use serde::Deserialize;
 
@@ -159,11 +159,7 @@ struct Held {
 fn start_pod(cluster: &mut Cluster, name: &str, count: u32, placement: Placement) -> Result<Held> {
     let kube = &cluster.kube;
     kube.delete_pods(&[name])?;
-    kube.apply(&pod(name, count, "Never", placement))?;
-    let running = wait_for(&format!("pod {name} Running"), secs(60), || {
-        Ok(kube.pod(name)?.filter(|pod| pod.status.phase == "Running"))
-    })
-    .map_err(|err| anyhow!("{err}: {}", kube.events_of(name)))?;
+    let running = kube.run_pod(&pod(name, count, "Never", placement))?;
     check_devices(cluster, name, count, &running.spec.node_name)
 }
 
