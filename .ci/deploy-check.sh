@@ -408,12 +408,12 @@ deb_installs() {
 }
 
 # The arm64 binary, run under qemu-aarch64-static: --version and config say what the host binary
-# says, and list on the suites' fake p4d tree (tests/e2e/lib/fake-efa.sh) prints the same four
+# says, and list on the suites' fake p4d tree (the e2e runner's efa-fake-host) prints the same four
 # healthy devices. The tree has real uverbs device nodes, so it is made as root.
 arm64_runs() {
-  local fake=$work/fake flag out want
-  # shellcheck disable=SC2016 # expanded by the inner shell
-  as_root bash -c 'source tests/e2e/lib/fake-efa.sh && make_fake_efa_host "$1/sys" "$1/dev"' _ "$fake" || return 1
+  local fake=$work/fake flag out want runner
+  runner=$(runner_binary "$repo") &&
+    as_root "$(dirname "$runner")/efa-fake-host" --shape p4d --sysfs "$fake/sys" --dev "$fake/dev" || return 1
   for flag in --version config "--sysfs-root $fake/sys --dev-root $fake/dev list"; do
     # shellcheck disable=SC2086 # each entry is a list of words
     out=$(qemu-aarch64-static "$bin_arm64" $flag) && want=$("$bin_amd64" $flag) || return 1

@@ -569,18 +569,25 @@ impl FakeNode {
             dev: root.join("dev"),
             nodes,
         };
-        fs::create_dir_all(node.sysfs.join("devices"))?;
-        fs::create_dir_all(&node.dev)?;
+        let all = node.lay_out(shape)?;
+        Ok((node, all))
+    }
+
+    /// Lays out `shape` at this node's sysfs and dev, which may be apart (a cluster node's
+    /// tree beside the host's real `/dev`).
+    pub fn lay_out(&self, shape: Shape) -> io::Result<Vec<FakeDevice>> {
+        fs::create_dir_all(self.sysfs.join("devices"))?;
+        fs::create_dir_all(&self.dev)?;
         if shape != Shape::NoClassDir {
-            fs::create_dir_all(node.sysfs.join("class/infiniband"))?;
-            fs::create_dir_all(node.sysfs.join("class/infiniband_verbs"))?;
+            fs::create_dir_all(self.sysfs.join("class/infiniband"))?;
+            fs::create_dir_all(self.sysfs.join("class/infiniband_verbs"))?;
         }
         let all = devices(shape);
         for device in &all {
-            node.add(device)?;
+            self.add(device)?;
         }
-        node.set_rdma_netns_mode(Some("Y"))?;
-        Ok((node, all))
+        self.set_rdma_netns_mode(Some("Y"))?;
+        Ok(all)
     }
 
     /// Writes ib_core's `netns_mode` parameter as the kernel shows it (`Y` shared, the
@@ -783,7 +790,10 @@ pub fn make_char_device(path: &Path, dev: DevNum) -> io::Result<()> {
         Mode::from_bits_truncate(0o666),
         makedev(dev.major.into(), dev.minor.into()),
     )
-    .map_err(io::Error::from)
+    .map_err(io::Error::from)?;
+    // mknod applies the umask; rdma-core's udev rule leaves uverbs nodes 0666.
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o666))
 }
 
 fn write(path: &Path, text: &str) -> io::Result<()> {

@@ -264,8 +264,12 @@ setup() {
 # one of a node without EFA, and the real device nodes at /dev/infiniband.
 make_fixtures() {
 	mkdir -p "$FIXTURES/no-efa/class" /dev/infiniband &&
-		make_fake_efa_host "$FIXTURES/sys" /dev
+		fake_host p4d "$FIXTURES/sys" /dev
 }
+
+# fake_host SHAPE SYSFS DEV: the test kit's SHAPE laid out at SYSFS, its uverbs
+# nodes under DEV/infiniband (the runner's efa-fake-host).
+fake_host() { "$(dirname "$RUNNER")/efa-fake-host" --shape "$1" --sysfs "$2" --dev "$3"; }
 
 # The shipped pod mounts /dev/infiniband with HostToContainer propagation,
 # which the runtime refuses unless the host mount holding it is shared or a
@@ -328,7 +332,7 @@ cluster_cases() {
 	dra_cases
 	arm64_cases
 	fleet_cases
-	runner_cases
+	runner_cases '[EF][0-9]+'
 	soak_cases
 }
 

@@ -29,8 +29,7 @@ make_node_fixtures() {
 	home=$(node_home "$1")
 	mkdir -p "$home/fixtures/sys/class" "$home/dev/infiniband" || return 1
 	case ${NODE_SHAPE[$1]} in
-	p4d) make_fake_efa_host "$home/fixtures/sys" "$home/dev" ;;
-	p5en) make_fake_p5en_host "$home/fixtures/sys" "$home/dev" ;;
+	p4d | p5en) fake_host "${NODE_SHAPE[$1]}" "$home/fixtures/sys" "$home/dev" ;;
 	none) ;;
 	esac
 }

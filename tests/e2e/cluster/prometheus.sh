@@ -107,10 +107,7 @@ node_mode_job() {
 PORT_COUNTERS=(tx_bytes rx_bytes rx_drops rdma_read_bytes rdma_read_wr_err rdma_write_wr_err
 	retrans_pkts retrans_timeout_events unresponsive_remote_events impaired_remote_conn_events)
 DEVICE_COUNTERS=(submitted_cmds cmds_err)
-counter_dir() {
-	local bus=${EFA_BUSES[$1]}
-	printf '%s\n' "$FIXTURES/sys/devices/pci0000:$bus/0000:$bus:01.0/0000:$bus:1b.0/infiniband/rdmap$((16#$bus))s27"
-}
+counter_dir() { printf '%s\n' "$FIXTURES/sys/class/infiniband/$(efa_ibdev "$1")"; }
 ibdev_of() { printf 'rdmap%ss27\n' "$((16#${EFA_BUSES[$1]}))"; }
 
 raise_counters() {
@@ -175,7 +172,7 @@ case_prometheus_families() {
 	local numa name missing=() skipped=()
 	# efa_device_allocation needs a holder.
 	ensure_holder && ensure_prometheus || return 1
-	numa=$(dirname "$(counter_dir 0)")/../numa_node
+	numa=$(counter_dir 0)/device/numa_node
 	mv "$numa" "$numa.saved" && mkfifo "$numa"
 	wait_until 30 has_series efa_device_plugin_scan_errors_total
 	rm -f "$numa" && mv "$numa.saved" "$numa"
