@@ -26,13 +26,8 @@ source "$HERE/lib/nodes.sh"
 # The node every single-node case runs on; the fleet cases (cluster/fleet.sh) add more.
 NODE=efa-a
 # The case groups, by what they test.
-source "$HERE/cluster/install.sh"
-source "$HERE/cluster/workloads.sh"
-source "$HERE/cluster/health.sh"
 source "$HERE/cluster/prometheus.sh"
 source "$HERE/cluster/migration.sh"
-source "$HERE/cluster/cdi-restart.sh"
-source "$HERE/cluster/gdrdrv.sh"
 source "$HERE/cluster/dra.sh"
 source "$HERE/cluster/arm64.sh"
 source "$HERE/cluster/fleet.sh"
@@ -42,7 +37,6 @@ DS=efa-device-plugin
 IMAGE=localhost/efa-device-plugin:e2e
 # The fake sysfs trees the test overlays and values mount into the plugin pod.
 FIXTURES=/run/efa-device-plugin-e2e
-SYSFS_IN_POD=/e2e-sysfs
 # The pod network: a bridge on a benchmarking range that is routed nowhere.
 # The node's address is the bridge's, so the API server reaches the kubelet
 # without anything listening on the host's other interfaces.
@@ -307,30 +301,21 @@ cleanup() {
 }
 
 cluster_cases() {
-	run_case "(1) kustomize install: Ready over the pod IP, shipped securityContext, allocatable 4" case_kustomize_install
-	run_case "(2) Job limited to 2 is scheduled, sees exactly its 2 uverbs nodes, completes" case_job
-	run_case "(3) pod asking for 5 stays Pending with Insufficient $RESOURCE" case_over_ask
-	run_case "(4) kubectl exec list in the plugin pod prints 4 devices" case_operator_cli
-	run_case "(5) metrics over the pod IP: 4 healthy, efa_device_allocation names the holder of its 2 EFAs" case_metrics
-	run_case "(6) rollout restart: new pod Ready, holder keeps its devices, allocatable 4" case_rolling_update
-	run_case "(7) device loss: allocatable 3 within the status period + 2s, then 4" case_device_loss
+	runner_cases '[1-7]'
 	run_case "(P1) Prometheus discovers the plugin pod by its prometheus.io/* annotations; target up" case_prometheus_target
 	run_case "(P2) Prometheus has every metric family the README lists" case_prometheus_families
 	run_case "(P3) Prometheus: the holder's counters carry its namespace, pod and container" case_prometheus_holder_labels
 	run_case "(P4) device loss: EfaDeviceUnhealthy fires, every dashboard query has data, the alert resolves" case_prometheus_alert_lifecycle
 	run_case "(P5) every PromQL example in the README returns a result" case_readme_promql
 	run_case "(P6) EfaReceiveDrops, EfaRdmaReadErrors, EfaRdmaWriteErrors fire on raised counters, naming the holder" case_prometheus_counter_alerts
-	run_case "(8) node without EFA: plugin Ready, allocatable 0 or absent" case_no_efa
-	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
-	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
-	run_case "(11) CDI mode: with the plugin gone, a holder's killed container restarts with its EFA" case_cdi_spec_outlives_the_plugin
+	runner_cases '8|9|10|11'
 	run_case "(12) Migration, documented order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs" case_migration_documented
 	run_case "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
 	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
 	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
-	run_case "(16) extra-device-nodes: a Job sees /dev/gdrdrv next to exactly its 2 uverbs nodes" case_gdrdrv
+	runner_cases 16
 	dra_cases
-	arm64_cases
+	runner_cases 'A[1-4]'
 	fleet_cases
 	runner_cases '[EF][0-9]+'
 	soak_cases
@@ -354,7 +339,7 @@ runner_cases() {
 	# Held open for reading and writing, so that neither side's open waits for
 	# the other's and a runner that dies early leaves nothing blocked.
 	exec 7<>"$dir/requests" 8<>"$dir/replies"
-	"$RUNNER" --suite cluster --run-dir "$T" --kubelet "$BIN/kubelet" --plugin "$PLUGIN" \
+	"$RUNNER" --suite cluster --run-dir "$T" --repo "$REPO" --kubelet "$BIN/kubelet" --plugin "$PLUGIN" \
 		--kube-version "$KUBE_VERSION" --kubectl "$BIN/kubectl" --kubeconfig "$KUBECONFIG" \
 		--requests "$dir/requests" --replies "$dir/replies" "${group[@]}" 7<&- 8<&- 9>&- &
 	pid=$!
@@ -390,6 +375,19 @@ host_request() {
 	# helm upgrade of the chart's release with the suite's values and ARG...
 	upgrade) ours_helm upgrade "$@" >/dev/null ;;
 	uninstall) uninstall_plugin >/dev/null ;;
+	# Every release of this chart uninstalled; a kustomize install stays.
+	uninstall_releases) uninstall_releases ;;
+	# The kustomize overlay ARG1 (cluster/kustomize/ARG1) applied over whatever is installed.
+	kustomize) k apply -k "$HERE/cluster/kustomize/$1" >/dev/null ;;
+	# The PodMonitor and PrometheusRule CRDs of prometheus-operator, established.
+	operator_crds) operator_crds >/dev/null ;;
+	# The chart rendered by helm template (release efa) with ARG... into a new file: its path.
+	template) chart_template "$@" ;;
+	# The chart installed, or upgraded, as release ARG1 with the suite's values and ARG2...
+	helm_install | helm_upgrade) chart_helm "${verb#helm_}" "$1" -f "$TEST_VALUES" "${@:2}" >/dev/null ;;
+	helm_uninstall) helm uninstall "$1" -n "$NS" --wait >/dev/null ;;
+	# The pid on the host of the task ARG2 of node ARG1's containerd (left running).
+	task_pid) ctr_on "$1" tasks ls | awk -v id="$2" '$1 == id { print $2; found = 1 } END { exit !found }' ;;
 	# The plugin anew from the labelled kustomize overlay.
 	labelled_kustomize) install_labelled_kustomize >/dev/null ;;
 	# Node ARG1's kubelet stopped (whatever its exit status) and started again, and the node Ready.

@@ -213,6 +213,10 @@ plugin_events() {
 		tail -3 | paste -sd'|'
 }
 
+failed_scheduling() { pod_events "$1" | grep -q "FailedScheduling: .*Insufficient $RESOURCE"; }
+
+now_ms() { date +%s%3N; }
+
 pod_events() {
 	k get events --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null |
 		paste -sd'|'
@@ -253,7 +257,25 @@ ours_rolled_out() {
 
 # ours_helm VERB HELM_ARG...: helm VERB (install, upgrade) of OURS_RELEASE
 # from this chart with the test values and HELM_ARG...
-ours_helm() { helm "$1" "$OURS_RELEASE" "$REPO/manifests/helm/efa-device-plugin" -n "$NS" -f "$TEST_VALUES" "${@:2}"; }
+ours_helm() { chart_helm "$1" "$OURS_RELEASE" -f "$TEST_VALUES" "${@:2}"; }
+
+# chart_helm VERB RELEASE HELM_ARG...: helm VERB (install, upgrade, template)
+# of this chart as RELEASE in the plugins' namespace.
+chart_helm() { helm "$1" "$2" "$REPO/manifests/helm/efa-device-plugin" -n "$NS" "${@:3}"; }
+
+# chart_template HELM_ARG...: the chart rendered as release efa with HELM_ARG...
+# into a new file under the run dir; prints its path.
+chart_template() {
+	local out
+	out=$(mktemp -p "$T" --suffix=.yaml helm-template.XXXXXX) && chart_helm template efa "$@" >"$out" && echo "$out"
+}
+
+# operator_crds: prometheus-operator's PodMonitor and PrometheusRule CRDs
+# applied, and established within 60s.
+operator_crds() {
+	k apply --server-side "${OPERATOR_CRDS[@]/#/-f}" &&
+		k wait --for condition=Established crd/podmonitors.monitoring.coreos.com crd/prometheusrules.monitoring.coreos.com --timeout=60s
+}
 
 # uninstall_plugin: no plugin on the node, however a case installed it: the
 # chart's releases uninstalled, then a kustomize install deleted. True once

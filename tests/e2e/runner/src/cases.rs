@@ -8,7 +8,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, anyhow, bail};
 
-use crate::cluster::{Cluster, fleet, health as cluster_health, node_mode, reboots};
+use crate::cluster::{
+    Cluster, arm64, cdi, fleet, gdrdrv, health as cluster_health, holder, install, node_mode,
+    reboots, workloads,
+};
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
 use crate::plugin::{Stopped, allocation_series, sample};
@@ -286,6 +289,104 @@ pub const CASES: &[Case] = &[
         "T11 single-numa-node, static CPU manager: Guaranteed 1 CPU + 1 EFA -> CPU 1 + a NUMA-1 EFA",
         topology::static_cpu_manager_picks_node_1,
     ),
+    // The single-node cases on efa-a, then the arm64 image's, in the order the suite's bash ran
+    // them; the Prometheus cases run between 7 and 8, the migration cases between 11 and 16.
+    Case {
+        id: "1",
+        label: "(1) kustomize install: Ready over the pod IP, shipped securityContext, allocatable 4",
+        since: None,
+        run: Run::Cluster(install::kustomize),
+    },
+    Case {
+        id: "2",
+        label: "(2) Job limited to 2 is scheduled, sees exactly its 2 uverbs nodes, completes",
+        since: None,
+        run: Run::Cluster(workloads::job),
+    },
+    Case {
+        id: "3",
+        label: "(3) pod asking for 5 stays Pending with Insufficient vpc.amazonaws.com/efa",
+        since: None,
+        run: Run::Cluster(workloads::over_ask),
+    },
+    Case {
+        id: "4",
+        label: "(4) kubectl exec list in the plugin pod prints 4 devices",
+        since: None,
+        run: Run::Cluster(workloads::operator_cli),
+    },
+    Case {
+        id: "5",
+        label: "(5) metrics over the pod IP: 4 healthy, efa_device_allocation names the holder of its 2 EFAs",
+        since: None,
+        run: Run::Cluster(holder::metrics),
+    },
+    Case {
+        id: "6",
+        label: "(6) rollout restart: new pod Ready, holder keeps its devices, allocatable 4",
+        since: None,
+        run: Run::Cluster(holder::rolling_update),
+    },
+    Case {
+        id: "7",
+        label: "(7) device loss: allocatable 3 within the status period + 2s, then 4",
+        since: None,
+        run: Run::Cluster(holder::device_loss),
+    },
+    Case {
+        id: "8",
+        label: "(8) node without EFA: plugin Ready, allocatable 0 or absent",
+        since: None,
+        run: Run::Cluster(install::no_efa),
+    },
+    Case {
+        id: "9",
+        label: "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean",
+        since: None,
+        run: Run::Cluster(install::helm),
+    },
+    Case {
+        id: "10",
+        label: "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa",
+        since: None,
+        run: Run::Cluster(cdi::job),
+    },
+    Case {
+        id: "11",
+        label: "(11) CDI mode: with the plugin gone, a holder's killed container restarts with its EFA",
+        since: None,
+        run: Run::Cluster(cdi::spec_outlives_the_plugin),
+    },
+    Case {
+        id: "16",
+        label: "(16) extra-device-nodes: a Job sees /dev/gdrdrv next to exactly its 2 uverbs nodes",
+        since: None,
+        run: Run::Cluster(gdrdrv::extra_device_nodes),
+    },
+    Case {
+        id: "A1",
+        label: "(A1) arm64 image: kustomize install, the plugin runs as arm64, Ready, allocatable 4",
+        since: None,
+        run: Run::Cluster(arm64::install),
+    },
+    Case {
+        id: "A2",
+        label: "(A2) arm64 plugin: Job limited to 2 is scheduled, sees exactly its 2 uverbs nodes, completes",
+        since: None,
+        run: Run::Cluster(arm64::job),
+    },
+    Case {
+        id: "A3",
+        label: "(A3) arm64 plugin: kubectl exec list in the plugin pod prints 4 devices",
+        since: None,
+        run: Run::Cluster(arm64::operator_cli),
+    },
+    Case {
+        id: "A4",
+        label: "(A4) arm64 plugin: metrics over the pod IP, efa_device_allocation names the holder",
+        since: None,
+        run: Run::Cluster(arm64::metrics),
+    },
     // The fleet's cases, in the order the suite's bash ran them, before the runner's others.
     Case {
         id: "F1",

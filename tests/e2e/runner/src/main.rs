@@ -69,6 +69,9 @@ struct Args {
     read_only_port: u16,
     #[arg(long, default_value_t = 10248)]
     healthz_port: u16,
+    /// The repository the cluster suite runs: its manifests, chart and test overlays.
+    #[arg(long, required_if_eq("suite", "cluster"))]
+    repo: Option<PathBuf>,
     /// The cluster suite's kubectl.
     #[arg(long, required_if_eq("suite", "cluster"))]
     kubectl: Option<PathBuf>,
@@ -208,6 +211,7 @@ fn run(args: &Args) -> Result<Tally> {
                     &required(&args.replies, "replies")?,
                 )?,
                 run: run.clone(),
+                repo: required(&args.repo, "repo")?,
                 kubelet: args.kubelet.clone(),
                 plugin: args.plugin.clone(),
             };

@@ -53,6 +53,34 @@ pub struct PodSpec {
     /// Empty until the scheduler binds the pod.
     #[serde(default)]
     pub node_name: String,
+    /// As the API server keeps it: compared whole with the shipped manifests'.
+    #[serde(default)]
+    pub security_context: Option<Value>,
+    #[serde(default)]
+    pub containers: Vec<Container>,
+    #[serde(default)]
+    pub volumes: Vec<Volume>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Container {
+    pub name: String,
+    #[serde(default)]
+    pub security_context: Option<Value>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub name: String,
+    #[serde(default)]
+    pub host_path: Option<HostPath>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct HostPath {
+    pub path: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -89,10 +117,22 @@ pub struct ContainerStatus {
     /// `containerd://ID` once the container exists.
     #[serde(default, rename = "containerID")]
     pub container_id: String,
+    /// The image as the pod names it (`localhost/efa-device-plugin:e2e-arm64`).
+    #[serde(default)]
+    pub image: String,
+    #[serde(default)]
+    pub state: ContainerState,
     /// KEP-4680: each allocated resource's devices with their health, where the kubelet reports
     /// it.
     #[serde(default)]
     pub allocated_resources_status: Vec<ResourceStatus>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub struct ContainerState {
+    /// Set while the container runs.
+    #[serde(default)]
+    pub running: Option<Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -122,6 +162,24 @@ impl Pod {
             .flat_map(|status| &status.resources)
             .find(|device| device.resource_id == id)
             .map(|device| device.health.as_str())
+    }
+
+    /// The `hostPath` the pod mounts as its volume `name`.
+    pub fn host_path_of(&self, volume: &str) -> Option<&str> {
+        self.spec
+            .volumes
+            .iter()
+            .find(|v| v.name == volume)
+            .and_then(|v| v.host_path.as_ref())
+            .map(|host_path| host_path.path.as_str())
+    }
+
+    /// The containerd ID of its first container, once there is one.
+    pub fn container_id(&self) -> Option<&str> {
+        self.status
+            .container_statuses
+            .first()
+            .and_then(|c| c.container_id.strip_prefix("containerd://"))
     }
 
     pub fn restarts(&self) -> u64 {
@@ -195,6 +253,8 @@ pub enum Object {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Event {
+    #[serde(default)]
+    last_timestamp: Option<String>,
     #[serde(default)]
     reason: String,
     #[serde(default)]
@@ -329,6 +389,56 @@ impl Kube {
                 Object::Pod(pod) => pod.is_plugin(),
             })
             .collect())
+    }
+
+    /// Whether no plugin pod is left on any node.
+    pub fn no_plugin_pods(&self) -> Result<bool> {
+        Ok(self.all_plugin_pods()?.is_empty())
+    }
+
+    /// The output of `command` run in the plugin pod `name`'s container.
+    pub fn plugin_exec(&self, name: &str, command: &[&str]) -> Result<String> {
+        let mut args = vec!["exec", "-n", PLUGIN_NAMESPACE, name, "--"];
+        args.extend(command);
+        self.run(&args)
+    }
+
+    /// `kubectl rollout restart` of the plugin's DaemonSet, as the kustomize overlays and the
+    /// chart's release of that name call it.
+    pub fn restart_plugin_rollout(&self) -> Result<()> {
+        self.run(&[
+            "rollout",
+            "restart",
+            "-n",
+            PLUGIN_NAMESPACE,
+            "daemonset/efa-device-plugin",
+        ])
+        .map(drop)
+    }
+
+    /// `reason: message` of the last 3 events about the plugin's pods, joined by `|`.
+    pub fn plugin_events(&self) -> String {
+        let events: Result<List<Event>> = self.get(&[
+            "get",
+            "events",
+            "-n",
+            PLUGIN_NAMESPACE,
+            "--field-selector",
+            "involvedObject.kind=Pod",
+        ]);
+        match events {
+            Ok(mut list) => {
+                list.items
+                    .sort_by(|a, b| a.last_timestamp.cmp(&b.last_timestamp));
+                let skip = list.items.len().saturating_sub(3);
+                list.items[skip..]
+                    .iter()
+                    .map(|event| format!("{}: {}", event.reason, event.message))
+                    .collect::<Vec<_>>()
+                    .join("|")
+            }
+            Err(err) => format!("(no events: {err:#})"),
+        }
     }
 
     /// The log of pod `name` in `default`.

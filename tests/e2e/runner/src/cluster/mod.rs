@@ -2,14 +2,22 @@
 //! infrastructure it keeps (nodes, charts, Prometheus), and the nodes' fake EFA trees as the
 //! host sees them.
 
+pub mod arm64;
+pub mod cdi;
 pub mod fleet;
+pub mod gdrdrv;
 pub mod health;
+pub mod holder;
 mod host;
+pub mod install;
 mod kube;
 pub mod node_mode;
+mod pod_spec;
 mod prometheus;
 pub mod reboots;
+mod single_node;
 mod workload;
+pub mod workloads;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -38,6 +46,8 @@ pub struct Cluster {
     pub host: Host,
     /// The suite's run dir: `logs/` holds each daemon's log.
     pub run: PathBuf,
+    /// The repository under test: the manifests, the chart and the suite's overlays and values.
+    pub repo: PathBuf,
     /// The kubelet binary every node runs.
     pub kubelet: PathBuf,
     /// The plugin's static binary, as the packages install it.

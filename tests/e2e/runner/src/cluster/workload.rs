@@ -1,6 +1,7 @@
 //! The workloads the cluster cases make, as `lib/workload.py` makes them for the bash cases: one
-//! container, "probe" (busybox), asking for some EFAs, listing `/dev/infiniband`, printing
-//! `FI_PROVIDER` and then sleeping as the container's process.
+//! container, "probe" (busybox), asking for some EFAs, listing `/dev/infiniband` (and any further
+//! paths), printing `FI_PROVIDER` (last, so that the listing is whole) and then sleeping as the
+//! container's process.
 
 use serde_json::{Value, json};
 
@@ -21,7 +22,27 @@ pub enum Placement<'a> {
     Bound(&'a str),
 }
 
+/// How long a pod's container sleeps unless told otherwise: past any case.
+const LONG_SLEEP: u64 = 100_000;
+/// How long a [`short_job`]'s container sleeps: long enough for its allocation to be read.
+const JOB_SLEEP: u64 = 5;
+
+/// The probe's script: lists `/dev/infiniband` and `also`, prints `FI_PROVIDER`, then becomes
+/// `sleep SECONDS`.
+fn probe_script(also: &[&str], sleep: u64) -> String {
+    let listing = std::iter::once("/dev/infiniband")
+        .chain(also.iter().copied())
+        .map(|path| format!("ls -l {path}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    format!("{listing}; echo FI_PROVIDER=${{FI_PROVIDER:-unset}}; exec sleep {sleep}")
+}
+
 fn pod_spec(count: u32, restart: &str, placement: Placement) -> Value {
+    probe_spec(count, restart, placement, &probe_script(&[], LONG_SLEEP))
+}
+
+fn probe_spec(count: u32, restart: &str, placement: Placement, script: &str) -> Value {
     let mut spec = json!({
         "restartPolicy": restart,
         "terminationGracePeriodSeconds": 1,
@@ -29,8 +50,7 @@ fn pod_spec(count: u32, restart: &str, placement: Placement) -> Value {
             "name": "probe",
             "image": "localhost/busybox:1",
             "imagePullPolicy": "Never",
-            "command": ["sh", "-c",
-                "ls -l /dev/infiniband; echo FI_PROVIDER=${FI_PROVIDER:-unset}; exec sleep 100000"],
+            "command": ["sh", "-c", script],
             "resources": {"limits": {RESOURCE: count}},
         }],
     });
@@ -62,6 +82,16 @@ pub fn pod(name: &str, count: u32, restart: &str, placement: Placement) -> Value
     })
 }
 
+/// A bare pod in `default` asking for `count` EFAs whose container restarts per `restart` and
+/// whose process is `sleep SECONDS`, which names it on the host.
+pub fn pod_sleeping(name: &str, count: u32, restart: &str, seconds: u64) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": probe_spec(count, restart, Placement::Anywhere, &probe_script(&[], seconds)),
+    })
+}
+
 /// A pod asking for `count` EFAs, which may run on `node` only and is never restarted.
 pub fn pod_on(name: &str, count: u32, node: &str) -> Value {
     pod(name, count, "Never", Placement::Node(node))
@@ -74,6 +104,19 @@ pub fn job(name: &str, count: u32, placement: Placement) -> Value {
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"backoffLimit": 6, "template": {"spec": pod_spec(count, "OnFailure", placement)}},
+    })
+}
+
+/// A Job of one pod asking for `count` EFAs wherever the scheduler finds room, whose container
+/// also lists `also`, sleeps a few seconds and completes; never retried.
+pub fn short_job(name: &str, count: u32, also: &[&str]) -> Value {
+    let script = probe_script(also, JOB_SLEEP);
+    json!({
+        "apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"backoffLimit": 0, "template": {
+            "spec": probe_spec(count, "Never", Placement::Anywhere, &script),
+        }},
     })
 }
 

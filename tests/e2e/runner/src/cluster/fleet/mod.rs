@@ -31,16 +31,17 @@ pub use metrics::one_prometheus;
 pub use placement::{drain, placement};
 pub use restarts::{isolation, rollout};
 
-const EFA_A: &str = "efa-a";
+/// The node every single-node case runs on, whose fake EFAs are p4d's.
+pub(super) const EFA_A: &str = "efa-a";
 const EFA_B: &str = "efa-b";
 const PLAIN: &str = "plain";
 
 /// A node of the fleet: its name, the shape its fake EFAs have (as `cluster/fleet.sh` lays them
 /// out) and how many it offers.
-struct FleetNode {
-    name: &'static str,
+pub(super) struct FleetNode {
+    pub(super) name: &'static str,
     shape: Shape,
-    efas: u64,
+    pub(super) efas: u64,
 }
 
 const FLEET: [FleetNode; 3] = [
@@ -66,7 +67,7 @@ const NAMES: [&str; 3] = [EFA_A, EFA_B, PLAIN];
 /// Where the plugin serves its metrics, on its pod's IP.
 const METRICS_PORT: u16 = 9465;
 
-fn fleet_node(name: &str) -> Result<&'static FleetNode> {
+pub(super) fn fleet_node(name: &str) -> Result<&'static FleetNode> {
     FLEET
         .iter()
         .find(|node| node.name == name)
@@ -102,7 +103,7 @@ fn serving(cluster: &mut Cluster, nodes: &[&str]) -> Result<()> {
 
 /// `node`'s EFAs as testkit lays out its shape, checked against the node's tree: the same names
 /// under `class/infiniband`, each with the same uverbs node and device number.
-fn efas_of(cluster: &mut Cluster, node: &FleetNode) -> Result<Vec<FakeDevice>> {
+pub(super) fn efas_of(cluster: &mut Cluster, node: &FleetNode) -> Result<Vec<FakeDevice>> {
     let sysfs = cluster.fake_node(node.name)?.sysfs;
     let efas: Vec<FakeDevice> = devices(node.shape)
         .into_iter()
@@ -147,16 +148,21 @@ fn efas_of(cluster: &mut Cluster, node: &FleetNode) -> Result<Vec<FakeDevice>> {
 }
 
 /// A pod whose container saw exactly the uverbs nodes of the EFAs its node's kubelet gave it.
-struct Held {
-    name: String,
-    node: String,
+pub(super) struct Held {
+    pub(super) name: String,
+    pub(super) node: String,
     /// As the node's checkpoint lists them, sorted.
-    ids: Vec<String>,
+    pub(super) ids: Vec<String>,
 }
 
 /// A long-running pod asking for `count` EFAs, made anew, Running within 60 s, with exactly its
 /// EFAs on the node it runs on ([`check_devices`]).
-fn start_pod(cluster: &mut Cluster, name: &str, count: u32, placement: Placement) -> Result<Held> {
+pub(super) fn start_pod(
+    cluster: &mut Cluster,
+    name: &str,
+    count: u32,
+    placement: Placement,
+) -> Result<Held> {
     let kube = &cluster.kube;
     kube.delete_pods(&[name])?;
     let running = kube.run_pod(&pod(name, count, "Never", placement))?;
@@ -165,7 +171,12 @@ fn start_pod(cluster: &mut Cluster, name: &str, count: u32, placement: Placement
 
 /// Pod `name` runs on `node`, and its container saw exactly the uverbs nodes of the `count`
 /// EFAs the node's kubelet gave it (its checkpoint), as testkit pairs them on the node's shape.
-fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> Result<Held> {
+pub(super) fn check_devices(
+    cluster: &mut Cluster,
+    name: &str,
+    count: u32,
+    node: &str,
+) -> Result<Held> {
     let pod = cluster
         .kube
         .pod(name)?
@@ -184,32 +195,9 @@ fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> R
         ids.len(),
         ids.join(" ")
     );
-    let efas = efas_of(cluster, fleet_node(node)?)?;
-    let kube = &cluster.kube;
-    // The container prints FI_PROVIDER after the listing, so the listing is whole.
-    let log = wait_for(&format!("pod {name}'s listing"), secs(20), || {
-        Ok(kube
-            .log(name)
-            .ok()
-            .filter(|log| log.lines().any(|line| line.starts_with("FI_PROVIDER="))))
-    })?;
-    fs::write(cluster.run.join(format!("logs/pod-{name}.log")), &log)?;
+    let want = uverbs_entries(cluster, node, &ids)?;
+    let log = listing(cluster, name)?;
     let got = listing_entries(&log);
-    let want = ids
-        .iter()
-        .map(|id| {
-            let efa = efas
-                .iter()
-                .find(|efa| &efa.ibdev == id)
-                .with_context(|| format!("{id} is none of {node}'s EFAs"))?;
-            Ok(format!(
-                "c {} {} {}",
-                efa.dev.major,
-                efa.dev.minor,
-                efa.uverbs_name()
-            ))
-        })
-        .collect::<Result<BTreeSet<String>>>()?;
     ensure!(
         got == want,
         "pod {name} on {node} sees [{}] in /dev/infiniband, want [{}]",
@@ -223,8 +211,46 @@ fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> R
     })
 }
 
+/// The log of pod `name` once its container printed its whole listing (`FI_PROVIDER` comes
+/// last), within 20 s; kept in the run's logs as `pod-NAME.log`.
+pub(super) fn listing(cluster: &Cluster, name: &str) -> Result<String> {
+    let log = wait_for(&format!("pod {name}'s listing"), secs(20), || {
+        Ok(cluster
+            .kube
+            .log(name)
+            .ok()
+            .filter(|log| log.lines().any(|line| line.starts_with("FI_PROVIDER="))))
+    })?;
+    fs::write(cluster.run.join(format!("logs/pod-{name}.log")), &log)?;
+    Ok(log)
+}
+
+/// What a container given the EFAs `ids` of `node` lists in `/dev/infiniband`, as
+/// [`listing_entries`] gives it: each one's uverbs node, as testkit pairs them on the node's shape.
+pub(super) fn uverbs_entries(
+    cluster: &mut Cluster,
+    node: &str,
+    ids: &[String],
+) -> Result<BTreeSet<String>> {
+    let efas = efas_of(cluster, fleet_node(node)?)?;
+    ids.iter()
+        .map(|id| {
+            let efa = efas
+                .iter()
+                .find(|efa| &efa.ibdev == id)
+                .with_context(|| format!("{id} is none of {node}'s EFAs"))?;
+            Ok(format!(
+                "c {} {} {}",
+                efa.dev.major,
+                efa.dev.minor,
+                efa.uverbs_name()
+            ))
+        })
+        .collect()
+}
+
 /// `name phase node` of each pod, for a failure's reason.
-fn summary(pods: &[Pod]) -> String {
+pub(super) fn summary(pods: &[Pod]) -> String {
     pods.iter()
         .map(|pod| {
             format!(
@@ -238,35 +264,40 @@ fn summary(pods: &[Pod]) -> String {
 
 /// An EFA as `efa-device-plugin list --output json` prints it.
 #[derive(Deserialize)]
-struct Listed {
-    id: String,
+pub(super) struct Listed {
+    pub(super) id: String,
+    pub(super) pci_address: String,
 }
 
-/// Where the chart's values mount the node's fake tree in the plugin pod.
+/// Where the chart's values and the overlays mount the node's fake tree in the plugin pod.
 const SYSFS_IN_POD: &str = "/e2e-sysfs";
+
+/// What the operator's `list` prints in the plugin pod `pod`, run there with `kubectl exec`.
+pub(super) fn listed(cluster: &Cluster, pod: &str) -> Result<Vec<Listed>> {
+    let out = cluster.kube.plugin_exec(
+        pod,
+        &[
+            "/efa-device-plugin",
+            "--sysfs-root",
+            SYSFS_IN_POD,
+            "list",
+            "--output",
+            "json",
+        ],
+    )?;
+    serde_json::from_str(&out).with_context(|| format!("list in {pod}: not JSON: {out}"))
+}
 
 /// The IDs `list` prints in `node`'s plugin pod, sorted.
 fn listed_ids(cluster: &Cluster, node: &str) -> Result<Vec<String>> {
-    let kube = &cluster.kube;
-    let pod = kube
+    let pod = cluster
+        .kube
         .serving_plugin_pod(node)?
         .with_context(|| format!("no Ready plugin pod on {node}"))?;
-    let out = kube.run(&[
-        "exec",
-        "-n",
-        "kube-system",
-        &pod.metadata.name,
-        "--",
-        "/efa-device-plugin",
-        "--sysfs-root",
-        SYSFS_IN_POD,
-        "list",
-        "--output",
-        "json",
-    ])?;
-    let listed: Vec<Listed> = serde_json::from_str(&out)
-        .with_context(|| format!("list in {}: not JSON: {out}", pod.metadata.name))?;
-    let mut ids: Vec<String> = listed.into_iter().map(|efa| efa.id).collect();
+    let mut ids: Vec<String> = listed(cluster, &pod.metadata.name)?
+        .into_iter()
+        .map(|efa| efa.id)
+        .collect();
     ids.sort();
     Ok(ids)
 }
