@@ -320,15 +320,12 @@ cluster_cases() {
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
 	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
 	run_case "(11) CDI mode: with the plugin gone, a holder's killed container restarts with its EFA" case_cdi_spec_outlives_the_plugin
-	run_case "(12) Migration, documented order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs" case_migration_documented
-	run_case "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
-	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
-	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
+	runner_cases '1[2-5]'
 	run_case "(16) extra-device-nodes: a Job sees /dev/gdrdrv next to exactly its 2 uverbs nodes" case_gdrdrv
 	dra_cases
 	arm64_cases
 	fleet_cases
-	runner_cases
+	runner_cases '[EF][0-9]+'
 	soak_cases
 }
 
@@ -386,6 +383,12 @@ host_request() {
 	# helm upgrade of the chart's release with the suite's values and ARG...
 	upgrade) ours_helm upgrade "$@" >/dev/null ;;
 	uninstall) uninstall_plugin >/dev/null ;;
+	# helm install of the chart's release with the suite's values and ARG..., nothing awaited.
+	install) ours_install "$@" ;;
+	# The AWS plugin's stand-in installed as the AWS chart installs it, nothing awaited.
+	standin_chart) standin_image && standin_chart ;;
+	# The stand-in's release uninstalled, if there is one, and its pods gone.
+	standin_uninstall) standin_uninstall ;;
 	# The plugin anew from the labelled kustomize overlay.
 	labelled_kustomize) install_labelled_kustomize >/dev/null ;;
 	# Node ARG1's kubelet stopped (whatever its exit status) and started again, and the node Ready.

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, anyhow, bail};
 
-use crate::cluster::{Cluster, fleet, health as cluster_health, node_mode, reboots};
+use crate::cluster::{Cluster, fleet, health as cluster_health, migration, node_mode, reboots};
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
 use crate::plugin::{Stopped, allocation_series, sample};
@@ -286,6 +286,31 @@ pub const CASES: &[Case] = &[
         "T11 single-numa-node, static CPU manager: Guaranteed 1 CPU + 1 EFA -> CPU 1 + a NUMA-1 EFA",
         topology::static_cpu_manager_picks_node_1,
     ),
+    // The migration from the AWS plugin, in the order the suite's bash ran them.
+    Case {
+        id: "12",
+        label: "(12) Migration, documented order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs",
+        since: None,
+        run: Run::Cluster(migration::documented_order),
+    },
+    Case {
+        id: "13",
+        label: "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves",
+        since: None,
+        run: Run::Cluster(migration::ours_first),
+    },
+    Case {
+        id: "14",
+        label: "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times",
+        since: None,
+        run: Run::Cluster(migration::pci),
+    },
+    Case {
+        id: "15",
+        label: "(15) CloudWatch's lookup: PodResources names the holder of each ibdev",
+        since: None,
+        run: Run::Cluster(migration::cloudwatch),
+    },
     // The fleet's cases, in the order the suite's bash ran them, before the runner's others.
     Case {
         id: "F1",

@@ -8,7 +8,7 @@ mod labelled;
 mod metrics;
 mod placement;
 mod restarts;
-mod watch;
+pub(super) mod watch;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -62,9 +62,6 @@ const FLEET: [FleetNode; 3] = [
 ];
 
 const NAMES: [&str; 3] = [EFA_A, EFA_B, PLAIN];
-
-/// Where the plugin serves its metrics, on its pod's IP.
-const METRICS_PORT: u16 = 9465;
 
 fn fleet_node(name: &str) -> Result<&'static FleetNode> {
     FLEET
@@ -146,17 +143,30 @@ fn efas_of(cluster: &mut Cluster, node: &FleetNode) -> Result<Vec<FakeDevice>> {
     Ok(efas)
 }
 
+/// The EFAs of the fleet's node `name`, as [`efas_of`] checks them.
+pub(super) fn node_efas(cluster: &mut Cluster, name: &str) -> Result<Vec<FakeDevice>> {
+    efas_of(cluster, fleet_node(name)?)
+}
+
 /// A pod whose container saw exactly the uverbs nodes of the EFAs its node's kubelet gave it.
-struct Held {
-    name: String,
-    node: String,
+pub(super) struct Held {
+    pub name: String,
+    pub node: String,
     /// As the node's checkpoint lists them, sorted.
-    ids: Vec<String>,
+    pub ids: Vec<String>,
+    /// What its container listed in `/dev/infiniband` at its start, as [`listing_entries`]
+    /// gives it.
+    pub entries: BTreeSet<String>,
 }
 
 /// A long-running pod asking for `count` EFAs, made anew, Running within 60 s, with exactly its
 /// EFAs on the node it runs on ([`check_devices`]).
-fn start_pod(cluster: &mut Cluster, name: &str, count: u32, placement: Placement) -> Result<Held> {
+pub(super) fn start_pod(
+    cluster: &mut Cluster,
+    name: &str,
+    count: u32,
+    placement: Placement,
+) -> Result<Held> {
     let kube = &cluster.kube;
     kube.delete_pods(&[name])?;
     kube.apply(&pod(name, count, "Never", placement))?;
@@ -168,7 +178,8 @@ fn start_pod(cluster: &mut Cluster, name: &str, count: u32, placement: Placement
 }
 
 /// Pod `name` runs on `node`, and its container saw exactly the uverbs nodes of the `count`
-/// EFAs the node's kubelet gave it (its checkpoint), as testkit pairs them on the node's shape.
+/// EFAs the node's kubelet gave it (its checkpoint, by ibdev name or, under
+/// `device-id-strategy: pci`, by PCI address), as testkit pairs them on the node's shape.
 fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> Result<Held> {
     let pod = cluster
         .kube
@@ -188,7 +199,7 @@ fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> R
         ids.len(),
         ids.join(" ")
     );
-    let efas = efas_of(cluster, fleet_node(node)?)?;
+    let efas = node_efas(cluster, node)?;
     let kube = &cluster.kube;
     // The container prints FI_PROVIDER after the listing, so the listing is whole.
     let log = wait_for(&format!("pod {name}'s listing"), secs(20), || {
@@ -204,14 +215,9 @@ fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> R
         .map(|id| {
             let efa = efas
                 .iter()
-                .find(|efa| &efa.ibdev == id)
+                .find(|efa| &efa.ibdev == id || &efa.bdf == id)
                 .with_context(|| format!("{id} is none of {node}'s EFAs"))?;
-            Ok(format!(
-                "c {} {} {}",
-                efa.dev.major,
-                efa.dev.minor,
-                efa.uverbs_name()
-            ))
+            Ok(uverbs_entry(efa))
         })
         .collect::<Result<BTreeSet<String>>>()?;
     ensure!(
@@ -224,11 +230,22 @@ fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> R
         name: name.to_owned(),
         node: node.to_owned(),
         ids,
+        entries: got,
     })
 }
 
+/// The [`listing_entries`] line of `efa`'s uverbs node.
+pub(super) fn uverbs_entry(efa: &FakeDevice) -> String {
+    format!(
+        "c {} {} {}",
+        efa.dev.major,
+        efa.dev.minor,
+        efa.uverbs_name()
+    )
+}
+
 /// `name phase node` of each pod, for a failure's reason.
-fn summary(pods: &[Pod]) -> String {
+pub(super) fn summary(pods: &[Pod]) -> String {
     pods.iter()
         .map(|pod| {
             format!(
