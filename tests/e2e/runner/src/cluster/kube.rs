@@ -138,12 +138,19 @@ impl Pod {
     /// The body of `GET path` on the plugin's HTTP port at this pod's IP (its metrics and
     /// probes), if the answer is 200.
     pub fn plugin_http(&self, path: &str) -> Result<String> {
-        let ip: IpAddr = self
-            .status
+        http::get_at(self.ip()?, METRICS_PORT, path)
+    }
+
+    /// The status code of the answer to `GET path` on the plugin's HTTP port at this pod's IP.
+    pub fn plugin_status(&self, path: &str) -> Result<String> {
+        http::status_at(self.ip()?, METRICS_PORT, path)
+    }
+
+    fn ip(&self) -> Result<IpAddr> {
+        self.status
             .pod_ip
             .parse()
-            .with_context(|| format!("{}'s IP {:?}", self.metadata.name, self.status.pod_ip))?;
-        http::get_at(ip, METRICS_PORT, path)
+            .with_context(|| format!("{}'s IP {:?}", self.metadata.name, self.status.pod_ip))
     }
 
     /// Labelled as the chart and the manifests label the plugin's pods.

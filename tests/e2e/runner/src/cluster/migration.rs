@@ -493,12 +493,10 @@ fn metric(pod: &Pod, family: &str) -> Result<String> {
         .with_context(|| format!("no {family} in {}'s metrics", pod.metadata.name))
 }
 
-/// `200` when the plugin pod `pod` answers `/readyz` with 200, or what went wrong.
+/// The status code of the plugin pod `pod`'s `/readyz`, or why there is none.
 fn readyz(pod: &Pod) -> String {
-    match pod.plugin_http("/readyz") {
-        Ok(_) => "200".to_owned(),
-        Err(err) => format!("{err:#}"),
-    }
+    pod.plugin_status("/readyz")
+        .unwrap_or_else(|err| format!("{err:#}"))
 }
 
 /// How long the samples showed efa-a with fewer than 4 allocatable (each gap between two samples
