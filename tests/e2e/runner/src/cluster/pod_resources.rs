@@ -47,35 +47,53 @@ pub fn holder(resources: &ListPodResourcesResponse, resource: &str, id: &str) ->
 
 #[cfg(test)]
 mod tests {
-    use efa_device_plugin::proto::podresources::{
-        ContainerDevices, ContainerResources, PodResources,
-    };
+    use std::sync::mpsc;
+    use std::thread;
+
+    use efa_device_plugin::testkit::pod_resources_stub::{PodResourcesStub, pod};
 
     use super::*;
 
     #[test]
+    fn list_asks_the_kubelet_over_its_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let (served, serving) = mpsc::channel();
+        let at = socket.clone();
+        // The stand-in kubelet serves on a runtime of its own until the test process ends.
+        thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let efa = "vpc.amazonaws.com/efa";
+                let _stub = PodResourcesStub::start(
+                    &at,
+                    vec![pod("default", "mig-h", "probe", efa, &["rdmap16s27"])],
+                )
+                .unwrap();
+                served.send(()).unwrap();
+                std::future::pending::<()>().await;
+            });
+        });
+        serving.recv().unwrap();
+        let answer = list(&socket).unwrap();
+        assert_eq!(
+            holder(&answer, "vpc.amazonaws.com/efa", "rdmap16s27").as_deref(),
+            Some("default/mig-h/probe")
+        );
+    }
+
+    #[test]
     fn a_device_is_held_by_the_container_that_lists_it_under_its_resource() {
-        let devices = |resource: &str, ids: &[&str]| ContainerDevices {
-            resource_name: resource.to_owned(),
-            device_ids: ids.iter().map(|id| (*id).to_owned()).collect(),
-            ..ContainerDevices::default()
-        };
-        let answer = ListPodResourcesResponse {
-            pod_resources: vec![PodResources {
-                name: "mig-h".to_owned(),
-                namespace: "default".to_owned(),
-                containers: vec![ContainerResources {
-                    name: "probe".to_owned(),
-                    devices: vec![
-                        devices("nvidia.com/gpu", &["rdmap32s27"]),
-                        devices("vpc.amazonaws.com/efa", &["rdmap16s27"]),
-                    ],
-                    ..ContainerResources::default()
-                }],
-                ..PodResources::default()
-            }],
-        };
         let efa = "vpc.amazonaws.com/efa";
+        let answer = ListPodResourcesResponse {
+            pod_resources: vec![
+                pod("default", "gpu", "cuda", "nvidia.com/gpu", &["rdmap32s27"]),
+                pod("default", "mig-h", "probe", efa, &["rdmap16s27"]),
+            ],
+        };
         assert_eq!(
             holder(&answer, efa, "rdmap16s27").as_deref(),
             Some("default/mig-h/probe")
