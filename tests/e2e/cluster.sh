@@ -308,12 +308,7 @@ cluster_cases() {
 	run_case "(P4) device loss: EfaDeviceUnhealthy fires, every dashboard query has data, the alert resolves" case_prometheus_alert_lifecycle
 	run_case "(P5) every PromQL example in the README returns a result" case_readme_promql
 	run_case "(P6) EfaReceiveDrops, EfaRdmaReadErrors, EfaRdmaWriteErrors fire on raised counters, naming the holder" case_prometheus_counter_alerts
-	runner_cases '8|9|10|11'
-	run_case "(12) Migration, documented order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs" case_migration_documented
-	run_case "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves" case_migration_ours_first
-	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
-	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
-	runner_cases 16
+	runner_cases '8|9|1[0-6]'
 	dra_cases
 	runner_cases 'A[1-4]'
 	fleet_cases
@@ -388,6 +383,10 @@ host_request() {
 	helm_uninstall) helm uninstall "$1" -n "$NS" --wait >/dev/null ;;
 	# The pid on the host of the task ARG2 of node ARG1's containerd (left running).
 	task_pid) ctr_on "$1" tasks ls | awk -v id="$2" '$1 == id { print $2; found = 1 } END { exit !found }' ;;
+	# The AWS plugin's stand-in installed as the AWS chart installs it, nothing awaited.
+	standin_chart) standin_image && standin_chart ;;
+	# The stand-in's release uninstalled, if there is one, and its pods gone.
+	standin_uninstall) standin_uninstall ;;
 	# The plugin anew from the labelled kustomize overlay.
 	labelled_kustomize) install_labelled_kustomize >/dev/null ;;
 	# Node ARG1's kubelet stopped (whatever its exit status) and started again, and the node Ready.

@@ -1,11 +1,9 @@
 // Command aws-standin behaves as the AWS EFA device plugin is documented to, so
-// the cluster suite can migrate from it, and does what CloudWatch's Container
-// Insights agent does to name the pod holding each EFA.
+// the cluster suite can migrate from it.
 //
 // usage:
 //
 //	aws-standin [--sysfs-root DIR] [--device-plugin-dir DIR]
-//	aws-standin lookup [--sysfs-root DIR] [--pod-resources-socket PATH]
 //
 // Which facts it mirrors, and where each comes from: tests/e2e/README.md.
 package main
@@ -23,12 +21,7 @@ const (
 )
 
 func main() {
-	args := os.Args[1:]
-	run := serve
-	if len(args) > 0 && args[0] == "lookup" {
-		run, args = lookup, args[1:]
-	}
-	if err := run(args); err != nil {
+	if err := serve(os.Args[1:]); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}

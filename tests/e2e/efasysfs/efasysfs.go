@@ -9,8 +9,7 @@ import (
 	"strings"
 )
 
-// ibdevNames lists the names under <sysfs>/class/infiniband, sorted: the
-// devices CloudWatch's agent walks.
+// ibdevNames lists the names under <sysfs>/class/infiniband, sorted.
 func ibdevNames(sysfs string) ([]string, error) {
 	entries, err := os.ReadDir(filepath.Join(sysfs, "class/infiniband"))
 	if err != nil {

@@ -1,6 +1,5 @@
 """Reads what the e2e asserts on from the kubelet's own outputs.
 
-registered FILE RES   device IDs the device checkpoint lists as registered
 allocated FILE UID RES  device IDs the checkpoint records for a pod
 """
 
@@ -11,11 +10,6 @@ import sys
 def checkpoint(path):
     with open(path) as f:
         return json.load(f)["Data"]
-
-
-def registered(path, resource):
-    for dev in sorted(checkpoint(path).get("RegisteredDevices", {}).get(resource) or []):
-        print(dev)
 
 
 def allocated(path, uid, resource):
@@ -30,4 +24,4 @@ def allocated(path, uid, resource):
 
 if __name__ == "__main__":
     cmd, *args = sys.argv[1:]
-    {"registered": registered, "allocated": allocated}[cmd](*args)
+    {"allocated": allocated}[cmd](*args)

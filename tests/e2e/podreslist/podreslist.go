@@ -1,5 +1,5 @@
-// The kubelet's PodResources List, as the programs that read it here ask for
-// it; built into each beside its own sources (lib/build.sh stub_plugin).
+// The kubelet's PodResources List, as podresources/ asks for it; built into it
+// beside its own sources (lib/build.sh stub_plugin).
 package main
 
 import (

@@ -9,8 +9,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Result, anyhow, bail};
 
 use crate::cluster::{
-    Cluster, arm64, cdi, fleet, gdrdrv, health as cluster_health, holder, install, node_mode,
-    reboots, workloads,
+    Cluster, arm64, cdi, fleet, gdrdrv, health as cluster_health, holder, install, migration,
+    node_mode, reboots, workloads,
 };
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
@@ -356,6 +356,30 @@ pub const CASES: &[Case] = &[
         label: "(11) CDI mode: with the plugin gone, a holder's killed container restarts with its EFA",
         since: None,
         run: Run::Cluster(cdi::spec_outlives_the_plugin),
+    },
+    Case {
+        id: "12",
+        label: "(12) Migration, documented order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs",
+        since: None,
+        run: Run::Cluster(migration::documented_order),
+    },
+    Case {
+        id: "13",
+        label: "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves",
+        since: None,
+        run: Run::Cluster(migration::ours_first),
+    },
+    Case {
+        id: "14",
+        label: "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times",
+        since: None,
+        run: Run::Cluster(migration::pci),
+    },
+    Case {
+        id: "15",
+        label: "(15) CloudWatch's lookup: PodResources names the holder of each ibdev",
+        since: None,
+        run: Run::Cluster(migration::cloudwatch),
     },
     Case {
         id: "16",

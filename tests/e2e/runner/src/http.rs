@@ -17,6 +17,25 @@ pub fn get(port: u16, path: &str) -> Result<String> {
 
 /// [`get`] on `ip:port`.
 pub fn get_at(ip: IpAddr, port: u16, path: &str) -> Result<String> {
+    let (status, body) = exchange(ip, port, path)?;
+    if code(&status) != "200" {
+        bail!("GET {}{path}: {status}", SocketAddr::new(ip, port));
+    }
+    Ok(body)
+}
+
+/// The status code of the answer to `GET path` on `ip:port` (`200`, `503`).
+pub fn status_at(ip: IpAddr, port: u16, path: &str) -> Result<String> {
+    let (status, _) = exchange(ip, port, path)?;
+    Ok(code(&status).to_owned())
+}
+
+fn code(status: &str) -> &str {
+    status.split_whitespace().nth(1).unwrap_or_default()
+}
+
+/// The status line and the body of the answer to `GET path` on `ip:port`.
+fn exchange(ip: IpAddr, port: u16, path: &str) -> Result<(String, String)> {
     let addr = SocketAddr::new(ip, port);
     let mut stream =
         TcpStream::connect_timeout(&addr, TIMEOUT).with_context(|| format!("connect to {addr}"))?;
@@ -32,8 +51,5 @@ pub fn get_at(ip: IpAddr, port: u16, path: &str) -> Result<String> {
         .split_once("\r\n\r\n")
         .with_context(|| format!("GET {addr}{path}: no end of headers"))?;
     let status = head.lines().next().unwrap_or_default();
-    if status.split_whitespace().nth(1) != Some("200") {
-        bail!("GET {addr}{path}: {status}");
-    }
-    Ok(body.to_owned())
+    Ok((status.to_owned(), body.to_owned()))
 }

@@ -10,7 +10,7 @@ use crate::daemon::Daemon;
 use crate::http;
 
 /// The plugin's metrics port: its default `--metrics-address`.
-const METRICS_PORT: u16 = 9465;
+pub const METRICS_PORT: u16 = 9465;
 
 pub struct Plugin {
     pub binary: PathBuf,

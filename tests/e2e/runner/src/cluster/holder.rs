@@ -8,9 +8,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, ensure};
 
 use super::kube::Pod;
-use super::single_node::{
-    EFAS, HOLDER, NODE, Overlay, efas, ensure_holder, ensure_plugin, scrape, shown,
-};
+use super::single_node::{EFAS, HOLDER, NODE, Overlay, efas, ensure_holder, ensure_plugin, shown};
 use super::{Cluster, NODE_STATUS_PERIOD};
 use crate::cases::Detail;
 use crate::node::RESOURCE;
@@ -66,7 +64,7 @@ pub fn metrics_of(cluster: &mut Cluster, plugin: &Pod) -> Result<Detail> {
     // The plugin learns holders from the kubelet once per rescan interval (5 s), so a scrape
     // right after the pod starts may still show the pods before it.
     let shown = wait_until("the holder's EFAs in the metrics", secs(15), || {
-        let Ok(metrics) = scrape(plugin) else {
+        let Ok(metrics) = plugin.plugin_http("/metrics") else {
             return false;
         };
         let held = ibdevs

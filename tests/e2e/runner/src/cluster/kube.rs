@@ -1,7 +1,8 @@
 //! The API server through `kubectl -o json`, read into the few fields the cases look at.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -10,6 +11,9 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::http;
+use crate::plugin::METRICS_PORT;
+use crate::pods::listing_entries;
 use crate::wait::{secs, wait_for};
 
 /// Where the chart and the manifests run the plugin, and the label they give its pods.
@@ -190,6 +194,24 @@ impl Pod {
             .sum()
     }
 
+    /// The body of `GET path` on the plugin's HTTP port at this pod's IP (its metrics and
+    /// probes), if the answer is 200.
+    pub fn plugin_http(&self, path: &str) -> Result<String> {
+        http::get_at(self.ip()?, METRICS_PORT, path)
+    }
+
+    /// The status code of the answer to `GET path` on the plugin's HTTP port at this pod's IP.
+    pub fn plugin_status(&self, path: &str) -> Result<String> {
+        http::status_at(self.ip()?, METRICS_PORT, path)
+    }
+
+    fn ip(&self) -> Result<IpAddr> {
+        self.status
+            .pod_ip
+            .parse()
+            .with_context(|| format!("{}'s IP {:?}", self.metadata.name, self.status.pod_ip))
+    }
+
     /// Labelled as the chart and the manifests label the plugin's pods.
     pub fn is_plugin(&self) -> bool {
         self.metadata.labels.get(PLUGIN_LABEL.0).map(String::as_str) == Some(PLUGIN_LABEL.1)
@@ -351,18 +373,27 @@ impl Kube {
 
     /// The plugin's pods on `node`, by the label the chart and the manifests give them.
     pub fn plugin_pods(&self, node: &str) -> Result<Vec<Pod>> {
-        self.plugin_pods_where(&["--field-selector", &format!("spec.nodeName={node}")])
+        self.system_pods(&plugin_selector(), node)
+    }
+
+    /// The pods of the plugins' namespace on `node` with the label `selector` (`key=value`): the
+    /// plugin's, or the AWS plugin stand-in's.
+    pub fn system_pods(&self, selector: &str, node: &str) -> Result<Vec<Pod>> {
+        self.system_pods_where(
+            selector,
+            &["--field-selector", &format!("spec.nodeName={node}")],
+        )
     }
 
     /// The plugin's pods on every node.
     pub fn all_plugin_pods(&self) -> Result<Vec<Pod>> {
-        self.plugin_pods_where(&[])
+        self.system_pods_where(&plugin_selector(), &[])
     }
 
-    /// The plugin's pods that `kubectl get`'s further `selectors` select.
-    fn plugin_pods_where(&self, selectors: &[&str]) -> Result<Vec<Pod>> {
-        let label = plugin_selector();
-        let mut args = vec!["get", "pods", "-n", PLUGIN_NAMESPACE, "-l", &label];
+    /// The pods of the plugins' namespace with the label `selector` that `kubectl get`'s
+    /// further `selectors` select.
+    fn system_pods_where(&self, selector: &str, selectors: &[&str]) -> Result<Vec<Pod>> {
+        let mut args = vec!["get", "pods", "-n", PLUGIN_NAMESPACE, "-l", selector];
         args.extend(selectors);
         let list: List<Pod> = self.get(&args)?;
         Ok(list.items)
@@ -370,8 +401,14 @@ impl Kube {
 
     /// The one plugin pod that serves `node`; `None` while there is none, or more than one.
     pub fn serving_plugin_pod(&self, node: &str) -> Result<Option<Pod>> {
+        self.serving_pod(&plugin_selector(), node)
+    }
+
+    /// The one pod of the plugins' namespace on `node` with the label `selector` that serves
+    /// it; `None` while there is none, or more than one.
+    pub fn serving_pod(&self, selector: &str, node: &str) -> Result<Option<Pod>> {
         let mut serving: Vec<Pod> = self
-            .plugin_pods(node)?
+            .system_pods(selector, node)?
             .into_iter()
             .filter(Pod::serves)
             .collect();
@@ -444,6 +481,22 @@ impl Kube {
     /// The log of pod `name` in `default`.
     pub fn log(&self, name: &str) -> Result<String> {
         self.run(&["logs", "-n", "default", name])
+    }
+
+    /// What pod `name`'s container in `default` sees in `/dev/infiniband` now, as
+    /// [`listing_entries`] gives a listing.
+    pub fn device_nodes(&self, name: &str) -> Result<BTreeSet<String>> {
+        let listing = self.run(&[
+            "exec",
+            "-n",
+            "default",
+            name,
+            "--",
+            "ls",
+            "-l",
+            "/dev/infiniband",
+        ])?;
+        Ok(listing_entries(&listing))
     }
 
     /// The log of the plugin pod `name`'s container, or of its previous one.

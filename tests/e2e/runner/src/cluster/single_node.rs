@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use anyhow::{Context, Result, anyhow, ensure};
 use efa_device_plugin::testkit::simulate::FakeDevice;
 
-use super::fleet::{EFA_A, Held, check_devices, efas_of, fleet_node, start_pod, summary};
+use super::fleet::{EFA_A, Held, check_devices, node_efas, start_pod, summary, uverbs_entries};
 use super::kube::Pod;
 use super::workload::{Placement, short_job};
 use super::{Cluster, NODE_STATUS_PERIOD, pod_spec};
@@ -22,8 +22,6 @@ pub const EFAS: u64 = 4;
 /// The long-running pod with 2 EFAs that the cases reading a running pod share, as a new pod
 /// would cost a scheduling round each.
 pub const HOLDER: &str = "holder";
-/// Where the plugin serves its metrics, on its pod's IP.
-const METRICS_PORT: u16 = 9465;
 /// The pod network (`POD_SUBNET` in cluster.sh), whose first address is the node's own.
 const POD_NETWORK: [u8; 3] = [198, 18, 0];
 /// The image the suite builds, imported under this name; its arm64 half alone is `IMAGE-arm64`.
@@ -193,10 +191,13 @@ pub fn ensure_holder(cluster: &mut Cluster) -> Result<Held> {
             let ids = cluster
                 .checkpoint(&pod.spec.node_name)?
                 .allocated(&pod.metadata.uid, RESOURCE);
+            // Its container's listing was checked against these when it started.
+            let entries = uverbs_entries(cluster, &pod.spec.node_name, &ids)?;
             Ok(Held {
                 name: HOLDER.to_owned(),
                 node: pod.spec.node_name,
                 ids,
+                entries,
             })
         }
         _ => start_pod(cluster, HOLDER, 2, Placement::Anywhere),
@@ -205,7 +206,7 @@ pub fn ensure_holder(cluster: &mut Cluster) -> Result<Held> {
 
 /// `efa-a`'s EFAs, as testkit lays out its p4d, checked against the node's tree.
 pub fn efas(cluster: &mut Cluster) -> Result<Vec<FakeDevice>> {
-    efas_of(cluster, fleet_node(NODE)?)
+    node_efas(cluster, NODE)
 }
 
 /// The Job `name` asking for `count` EFAs, made anew: the scheduler places it, its container
@@ -261,14 +262,4 @@ pub fn running_job_pod(cluster: &Cluster, name: &str) -> Result<Pod> {
 pub fn kept_log(cluster: &Cluster, name: &str) -> Result<String> {
     let path = cluster.run.join(format!("logs/pod-{name}.log"));
     fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
-}
-
-/// One scrape of the plugin pod's `/metrics` over the pod network.
-pub fn scrape(pod: &Pod) -> Result<String> {
-    let ip: IpAddr = pod
-        .status
-        .pod_ip
-        .parse()
-        .with_context(|| format!("plugin pod {} has no IP", pod.metadata.name))?;
-    crate::http::get_at(ip, METRICS_PORT, "/metrics")
 }

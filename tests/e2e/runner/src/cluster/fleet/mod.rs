@@ -8,7 +8,7 @@ mod labelled;
 mod metrics;
 mod placement;
 mod restarts;
-mod watch;
+pub(super) mod watch;
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -63,9 +63,6 @@ const FLEET: [FleetNode; 3] = [
 ];
 
 const NAMES: [&str; 3] = [EFA_A, EFA_B, PLAIN];
-
-/// Where the plugin serves its metrics, on its pod's IP.
-const METRICS_PORT: u16 = 9465;
 
 pub(super) fn fleet_node(name: &str) -> Result<&'static FleetNode> {
     FLEET
@@ -147,12 +144,20 @@ pub(super) fn efas_of(cluster: &mut Cluster, node: &FleetNode) -> Result<Vec<Fak
     Ok(efas)
 }
 
+/// The EFAs of the fleet's node `name`, as [`efas_of`] checks them.
+pub(super) fn node_efas(cluster: &mut Cluster, name: &str) -> Result<Vec<FakeDevice>> {
+    efas_of(cluster, fleet_node(name)?)
+}
+
 /// A pod whose container saw exactly the uverbs nodes of the EFAs its node's kubelet gave it.
 pub(super) struct Held {
     pub(super) name: String,
     pub(super) node: String,
     /// As the node's checkpoint lists them, sorted.
     pub(super) ids: Vec<String>,
+    /// What its container listed in `/dev/infiniband` at its start, as [`listing_entries`]
+    /// gives it.
+    pub(super) entries: BTreeSet<String>,
 }
 
 /// A long-running pod asking for `count` EFAs, made anew, Running within 60 s, with exactly its
@@ -170,7 +175,8 @@ pub(super) fn start_pod(
 }
 
 /// Pod `name` runs on `node`, and its container saw exactly the uverbs nodes of the `count`
-/// EFAs the node's kubelet gave it (its checkpoint), as testkit pairs them on the node's shape.
+/// EFAs the node's kubelet gave it (its checkpoint, by ibdev name or, under
+/// `device-id-strategy: pci`, by PCI address), as testkit pairs them on the node's shape.
 pub(super) fn check_devices(
     cluster: &mut Cluster,
     name: &str,
@@ -208,6 +214,7 @@ pub(super) fn check_devices(
         name: name.to_owned(),
         node: node.to_owned(),
         ids,
+        entries: got,
     })
 }
 
@@ -225,28 +232,34 @@ pub(super) fn listing(cluster: &Cluster, name: &str) -> Result<String> {
     Ok(log)
 }
 
-/// What a container given the EFAs `ids` of `node` lists in `/dev/infiniband`, as
-/// [`listing_entries`] gives it: each one's uverbs node, as testkit pairs them on the node's shape.
+/// What a container given the EFAs `ids` of `node` (ibdev names or PCI addresses) lists in
+/// `/dev/infiniband`, as [`listing_entries`] gives it.
 pub(super) fn uverbs_entries(
     cluster: &mut Cluster,
     node: &str,
     ids: &[String],
 ) -> Result<BTreeSet<String>> {
-    let efas = efas_of(cluster, fleet_node(node)?)?;
+    let efas = node_efas(cluster, node)?;
     ids.iter()
         .map(|id| {
             let efa = efas
                 .iter()
-                .find(|efa| &efa.ibdev == id)
+                .find(|efa| &efa.ibdev == id || &efa.bdf == id)
                 .with_context(|| format!("{id} is none of {node}'s EFAs"))?;
-            Ok(format!(
-                "c {} {} {}",
-                efa.dev.major,
-                efa.dev.minor,
-                efa.uverbs_name()
-            ))
+            Ok(uverbs_entry(efa))
         })
         .collect()
+}
+
+/// The [`listing_entries`] line of `efa`'s uverbs node, as testkit pairs them on the node's
+/// shape.
+pub(super) fn uverbs_entry(efa: &FakeDevice) -> String {
+    format!(
+        "c {} {} {}",
+        efa.dev.major,
+        efa.dev.minor,
+        efa.uverbs_name()
+    )
 }
 
 /// `name phase node` of each pod, for a failure's reason.

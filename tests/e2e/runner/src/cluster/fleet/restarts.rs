@@ -1,23 +1,20 @@
 //! What restarts on one node leave of the others: a rollout across the fleet (F4), and `efa-a`'s
 //! kubelet and plugin restarted beside `efa-b` (F7), both watched from the API meanwhile.
 
-use std::net::IpAddr;
 use std::thread::sleep;
 
 use anyhow::{Context, Result, anyhow, ensure};
 
 use super::watch::{Sample, rollout as rolled_out_across, steady, watching};
 use super::{
-    EFA_A, EFA_B, FLEET, METRICS_PORT, NAMES, check_devices, fleet_node, start_pod, summary,
-    with_chart,
+    EFA_A, EFA_B, FLEET, NAMES, check_devices, fleet_node, start_pod, summary, with_chart,
 };
 use crate::cases::Detail;
 use crate::cluster::workload::Placement;
 use crate::cluster::{Cluster, NODE_STATUS_PERIOD};
-use crate::http;
 use crate::node::RESOURCE;
 use crate::plugin::sample;
-use crate::pods::{joined, listing_entries};
+use crate::pods::joined;
 use crate::wait::{secs, wait_until};
 
 const HOLD_A: &str = "hold-a";
@@ -37,20 +34,10 @@ fn holder(cluster: &Cluster, name: &str) -> Result<String> {
         .kube
         .pod(name)?
         .with_context(|| format!("pod {name} is gone"))?;
-    let listing = cluster.kube.run(&[
-        "exec",
-        "-n",
-        "default",
-        name,
-        "--",
-        "ls",
-        "-l",
-        "/dev/infiniband",
-    ])?;
     Ok(format!(
         "{} {}",
         pod.metadata.uid,
-        joined(&listing_entries(&listing), ";")
+        joined(&cluster.kube.device_nodes(name)?, ";")
     ))
 }
 
@@ -144,12 +131,7 @@ fn efa_b_state(cluster: &Cluster, plugin: &str) -> Result<String> {
         .into_iter()
         .find(|pod| pod.metadata.name == plugin)
         .with_context(|| format!("{EFA_B}'s plugin pod {plugin} is gone"))?;
-    let ip: IpAddr = pod
-        .status
-        .pod_ip
-        .parse()
-        .with_context(|| format!("{plugin}'s IP {:?}", pod.status.pod_ip))?;
-    let metrics = http::get_at(ip, METRICS_PORT, "/metrics")?;
+    let metrics = pod.plugin_http("/metrics")?;
     let registrations = sample(&metrics, REGISTRATIONS).unwrap_or("none");
     let allocatable = kube
         .allocatable(EFA_B, RESOURCE)?

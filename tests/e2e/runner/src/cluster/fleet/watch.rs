@@ -46,6 +46,15 @@ impl Sample {
 /// Runs `body` while the fleet is sampled; the samples are taken until `body` returns. A
 /// sample the API did not answer is left out.
 pub fn watching<T>(kube: &Kube, body: impl FnOnce() -> T) -> (T, Vec<Sample>) {
+    watching_every(kube, PAUSE, body)
+}
+
+/// [`watching`], with `pause` between one sample's answer and the next sample.
+pub fn watching_every<T>(
+    kube: &Kube,
+    pause: Duration,
+    body: impl FnOnce() -> T,
+) -> (T, Vec<Sample>) {
     let done = AtomicBool::new(false);
     thread::scope(|scope| {
         let sampler = scope.spawn(|| {
@@ -55,7 +64,7 @@ pub fn watching<T>(kube: &Kube, body: impl FnOnce() -> T) -> (T, Vec<Sample>) {
                 if let Ok(objects) = kube.nodes_and_plugin_pods() {
                     samples.push(sample(start.elapsed(), objects));
                 }
-                thread::sleep(PAUSE);
+                thread::sleep(pause);
             }
             samples
         });
