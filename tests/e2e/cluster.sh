@@ -6,8 +6,8 @@
 # containerd 2, all built from upstream), driven only through the Kubernetes
 # API with kubectl and helm. Most cases run on one node, efa-a, whose EFAs are
 # a fake p4d-shaped sysfs tree plus real character devices at the real
-# /dev/infiniband; the fleet cases (cluster/fleet.sh) then add nodes of other
-# shapes, each in its own mount namespace (lib/nodes.sh).
+# /dev/infiniband; the fleet cases (cluster/fleet.sh brings the fleet up) then
+# add nodes of other shapes, each in its own mount namespace (lib/nodes.sh).
 #
 # Needs root. Prints one line per case and "N passed, M failed" last; exits
 # non-zero on any failure. Leaves the host as it found it, also on failure.
@@ -327,7 +327,6 @@ cluster_cases() {
 	run_case "(16) extra-device-nodes: a Job sees /dev/gdrdrv next to exactly its 2 uverbs nodes" case_gdrdrv
 	dra_cases
 	arm64_cases
-	fleet_cases
 	runner_cases
 	soak_cases
 }
@@ -393,6 +392,14 @@ host_request() {
 	# SIGKILL to the task ARG2 of node ARG1's containerd, as a crash would end it.
 	kill_container) ctr_on "$1" tasks kill -s SIGKILL "$2" >/dev/null ;;
 	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
+	# A p4d node ARG1 joined and Ready; it stays until `leave`.
+	join) join_node "$1" >/dev/null ;;
+	# Node ARG1 powered off for good, its Node object and its namespaces gone.
+	leave) remove_node "$1" >/dev/null ;;
+	# The AWS plugin's stand-in in this plugin's place on every node, also on
+	# nodes that join, until standin_uninstall.
+	standin) fleet_standin >/dev/null ;;
+	standin_uninstall) fleet_standin_uninstall >/dev/null ;;
 	# Where the host sees what node ARG1 sees at path ARG2.
 	host_path) node_host_path "$@" ;;
 	# A power cycle of node ARG1 in steps, so that the runner can start node

@@ -16,7 +16,8 @@ use crate::wait::{secs, wait_for};
 const PLUGIN_NAMESPACE: &str = "kube-system";
 const PLUGIN_LABEL: (&str, &str) = ("app.kubernetes.io/name", "efa-device-plugin");
 
-fn plugin_selector() -> String {
+/// The label selector of the plugin's pods.
+pub fn plugin_selector() -> String {
     format!("{}={}", PLUGIN_LABEL.0, PLUGIN_LABEL.1)
 }
 
@@ -42,6 +43,9 @@ pub struct Metadata {
     pub uid: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// RFC 3339 to the second: orders objects by their making.
+    #[serde(default)]
+    pub creation_timestamp: String,
     /// Set once the object is being deleted: a terminating pod serves nothing more.
     #[serde(default)]
     pub deletion_timestamp: Option<String>,
@@ -276,6 +280,12 @@ impl Kube {
         Ok(list.items.into_iter().next())
     }
 
+    /// Every pod of `default`.
+    pub fn pods(&self) -> Result<Vec<Pod>> {
+        let list: List<Pod> = self.get(&["get", "pods", "-n", "default"])?;
+        Ok(list.items)
+    }
+
     /// The pods of `default` with the label `selector` (`key=value`).
     pub fn pods_labelled(&self, selector: &str) -> Result<Vec<Pod>> {
         let list: List<Pod> = self.get(&["get", "pods", "-n", "default", "-l", selector])?;
@@ -291,18 +301,27 @@ impl Kube {
 
     /// The plugin's pods on `node`, by the label the chart and the manifests give them.
     pub fn plugin_pods(&self, node: &str) -> Result<Vec<Pod>> {
-        self.plugin_pods_where(&["--field-selector", &format!("spec.nodeName={node}")])
+        self.device_plugin_pods(&plugin_selector(), node)
+    }
+
+    /// The pods labelled `selector` in the plugin's namespace on `node`: this plugin's, or
+    /// another device plugin's installed beside it.
+    fn device_plugin_pods(&self, selector: &str, node: &str) -> Result<Vec<Pod>> {
+        self.pods_where(
+            selector,
+            &["--field-selector", &format!("spec.nodeName={node}")],
+        )
     }
 
     /// The plugin's pods on every node.
     pub fn all_plugin_pods(&self) -> Result<Vec<Pod>> {
-        self.plugin_pods_where(&[])
+        self.pods_where(&plugin_selector(), &[])
     }
 
-    /// The plugin's pods that `kubectl get`'s further `selectors` select.
-    fn plugin_pods_where(&self, selectors: &[&str]) -> Result<Vec<Pod>> {
-        let label = plugin_selector();
-        let mut args = vec!["get", "pods", "-n", PLUGIN_NAMESPACE, "-l", &label];
+    /// The pods labelled `selector` in the plugin's namespace that `kubectl get`'s further
+    /// `selectors` select.
+    fn pods_where(&self, selector: &str, selectors: &[&str]) -> Result<Vec<Pod>> {
+        let mut args = vec!["get", "pods", "-n", PLUGIN_NAMESPACE, "-l", selector];
         args.extend(selectors);
         let list: List<Pod> = self.get(&args)?;
         Ok(list.items)
@@ -310,8 +329,14 @@ impl Kube {
 
     /// The one plugin pod that serves `node`; `None` while there is none, or more than one.
     pub fn serving_plugin_pod(&self, node: &str) -> Result<Option<Pod>> {
+        self.serving_device_plugin_pod(&plugin_selector(), node)
+    }
+
+    /// The one pod labelled `selector` in the plugin's namespace that serves `node`; `None`
+    /// while there is none, or more than one.
+    pub fn serving_device_plugin_pod(&self, selector: &str, node: &str) -> Result<Option<Pod>> {
         let mut serving: Vec<Pod> = self
-            .plugin_pods(node)?
+            .device_plugin_pods(selector, node)?
             .into_iter()
             .filter(Pod::serves)
             .collect();
@@ -411,6 +436,22 @@ impl Kube {
         ];
         args.extend(names);
         self.run(&args).map(drop)
+    }
+
+    /// Deletes pod `name` of `default` at once, without waiting for its kubelet: one on a node
+    /// that is going would otherwise wait for the pod garbage collector.
+    pub fn force_delete_pod(&self, name: &str) -> Result<()> {
+        self.run(&[
+            "delete",
+            "pod",
+            "-n",
+            "default",
+            "--ignore-not-found",
+            "--grace-period=0",
+            "--force",
+            name,
+        ])
+        .map(drop)
     }
 
     /// `reason: message` of each event about the object `name` in `default`, joined by `|`.
