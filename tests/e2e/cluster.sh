@@ -6,8 +6,8 @@
 # containerd 2, all built from upstream), driven only through the Kubernetes
 # API with kubectl and helm. Most cases run on one node, efa-a, whose EFAs are
 # a fake p4d-shaped sysfs tree plus real character devices at the real
-# /dev/infiniband; the fleet cases (cluster/fleet.sh) then add nodes of other
-# shapes, each in its own mount namespace (lib/nodes.sh).
+# /dev/infiniband; the fleet cases (cluster/fleet.sh brings the fleet up) then
+# add nodes of other shapes, each in its own mount namespace (lib/nodes.sh).
 #
 # Needs root. Prints one line per case and "N passed, M failed" last; exits
 # non-zero on any failure. Leaves the host as it found it, also on failure.
@@ -311,7 +311,6 @@ cluster_cases() {
 	runner_cases '8|9|1[0-6]'
 	dra_cases
 	runner_cases 'A[1-4]'
-	fleet_cases
 	runner_cases '[EF][0-9]+'
 	soak_cases
 }
@@ -385,8 +384,6 @@ host_request() {
 	task_pid) ctr_on "$1" tasks ls | awk -v id="$2" '$1 == id { print $2; found = 1 } END { exit !found }' ;;
 	# The AWS plugin's stand-in installed as the AWS chart installs it, nothing awaited.
 	standin_chart) standin_image && standin_chart ;;
-	# The stand-in's release uninstalled, if there is one, and its pods gone.
-	standin_uninstall) standin_uninstall ;;
 	# The plugin anew from the labelled kustomize overlay.
 	labelled_kustomize) install_labelled_kustomize >/dev/null ;;
 	# Node ARG1's kubelet stopped (whatever its exit status) and started again, and the node Ready.
@@ -394,6 +391,16 @@ host_request() {
 	# SIGKILL to the task ARG2 of node ARG1's containerd, as a crash would end it.
 	kill_container) ctr_on "$1" tasks kill -s SIGKILL "$2" >/dev/null ;;
 	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
+	# A p4d node ARG1 joined and Ready; it stays until `leave`.
+	join) join_node "$1" >/dev/null ;;
+	# Node ARG1 powered off for good, its Node object and its namespaces gone.
+	leave) remove_node "$1" >/dev/null ;;
+	# The AWS plugin's stand-in in this plugin's place on every node, also on
+	# nodes that join, until standin_uninstall.
+	standin) fleet_standin >/dev/null ;;
+	# The stand-in's release uninstalled, if there is one, its pods gone, and
+	# its image no longer given to nodes that start.
+	standin_uninstall) fleet_standin_uninstall >/dev/null ;;
 	# Where the host sees what node ARG1 sees at path ARG2.
 	host_path) node_host_path "$@" ;;
 	# A power cycle of node ARG1 in steps, so that the runner can start node

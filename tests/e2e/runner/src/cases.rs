@@ -413,6 +413,18 @@ pub const CASES: &[Case] = &[
     },
     // The fleet's cases, in the order the suite's bash ran them, before the runner's others.
     Case {
+        id: "F5",
+        label: "(F5) a node that joins late: node Ready to plugin, allocatable and a waiting pod Running, this plugin and the AWS stand-in",
+        since: None,
+        run: Run::Cluster(fleet::late_join),
+    },
+    Case {
+        id: "F6",
+        label: "(F6) efa-a rebooted: kubelet start to Register, and what became of the pods holding EFAs there",
+        since: None,
+        run: Run::Cluster(fleet::efa_a_rebooted),
+    },
+    Case {
         id: "F1",
         label: "(F1) one plugin per node: chart defaults, Ready on all 3 nodes, each node's own IDs and count",
         since: None,

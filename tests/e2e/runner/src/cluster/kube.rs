@@ -20,7 +20,8 @@ use crate::wait::{secs, wait_for};
 const PLUGIN_NAMESPACE: &str = "kube-system";
 const PLUGIN_LABEL: (&str, &str) = ("app.kubernetes.io/name", "efa-device-plugin");
 
-fn plugin_selector() -> String {
+/// The label selector of the plugin's pods.
+pub fn plugin_selector() -> String {
     format!("{}={}", PLUGIN_LABEL.0, PLUGIN_LABEL.1)
 }
 
@@ -46,6 +47,9 @@ pub struct Metadata {
     pub uid: String,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// RFC 3339 to the second: orders objects by their making.
+    #[serde(default)]
+    pub creation_timestamp: String,
     /// Set once the object is being deleted: a terminating pod serves nothing more.
     #[serde(default)]
     pub deletion_timestamp: Option<String>,
@@ -358,6 +362,12 @@ impl Kube {
         Ok(list.items.into_iter().next())
     }
 
+    /// Every pod of `default`.
+    pub fn pods(&self) -> Result<Vec<Pod>> {
+        let list: List<Pod> = self.get(&["get", "pods", "-n", "default"])?;
+        Ok(list.items)
+    }
+
     /// The pods of `default` with the label `selector` (`key=value`).
     pub fn pods_labelled(&self, selector: &str) -> Result<Vec<Pod>> {
         let list: List<Pod> = self.get(&["get", "pods", "-n", "default", "-l", selector])?;
@@ -574,6 +584,22 @@ impl Kube {
         ];
         args.extend(names);
         self.run(&args).map(drop)
+    }
+
+    /// Deletes pod `name` of `default` at once, without waiting for its kubelet: one on a node
+    /// that is going would otherwise wait for the pod garbage collector.
+    pub fn force_delete_pod(&self, name: &str) -> Result<()> {
+        self.run(&[
+            "delete",
+            "pod",
+            "-n",
+            "default",
+            "--ignore-not-found",
+            "--grace-period=0",
+            "--force",
+            name,
+        ])
+        .map(drop)
     }
 
     /// `reason: message` of each event about the object `name` in `default`, joined by `|`.

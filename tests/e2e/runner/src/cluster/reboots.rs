@@ -3,6 +3,7 @@
 
 use std::fs;
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 
@@ -161,7 +162,7 @@ fn reboot(
     let mut pods: Vec<String> = bound.into();
     pods.push(late.clone());
     let kube = &cluster.kube;
-    let refused = settled(kube, &pods)?;
+    let refused = settled(kube, &pods, secs(120))?;
     tally.refused += refused;
     tally.pods += pods.len();
     tally.register_ms.push(register_ms);
@@ -183,15 +184,15 @@ fn reboot(
 }
 
 /// The kubelet's log from byte `mark` on: the lines of its latest start.
-fn log_since(log: &Path, mark: u64) -> Result<String> {
+pub(super) fn log_since(log: &Path, mark: u64) -> Result<String> {
     let text = fs::read(log).with_context(|| format!("read {}", log.display()))?;
     let start = (mark as usize).min(text.len());
     Ok(String::from_utf8_lossy(&text[start..]).into_owned())
 }
 
 /// How many of `pods` the kubelet refused at admission (`Failed`, `UnexpectedAdmissionError`)
-/// once each is Running or refused; any other end fails the case.
-fn settled(kube: &super::Kube, pods: &[String]) -> Result<usize> {
+/// once each is Running or refused, within `deadline`; any other end fails the case.
+pub(super) fn settled(kube: &super::Kube, pods: &[String], deadline: Duration) -> Result<usize> {
     let outcome = |pod: &Option<Pod>| match pod {
         Some(pod) if pod.status.phase == "Running" => Some(false),
         Some(pod) if pod.status.phase == "Failed" => Some(true),
@@ -199,7 +200,7 @@ fn settled(kube: &super::Kube, pods: &[String]) -> Result<usize> {
     };
     let states = wait_for(
         "every pod Running or refused after the boot",
-        secs(120),
+        deadline,
         || {
             let states = pods
                 .iter()

@@ -1,12 +1,14 @@
-//! The fleet's cases: what users live through on a fleet of nodes of different shapes (one
-//! plugin per node, placement by each node's count, rollouts and restarts that touch one node
-//! at a time, a drain, one Prometheus for all). The suite's bash brings the fleet up
-//! (`cluster/fleet.sh`, which still holds F5 and F6); each case installs the chart anew and pins
-//! its pods to the nodes it is about.
+//! The fleet's cases: what users live through on a fleet of nodes of different shapes (a node
+//! that joins late, a reboot, one plugin per node, placement by each node's count, rollouts and
+//! restarts that touch one node at a time, a drain, one Prometheus for all). The suite's bash
+//! brings the fleet up and joins and removes late nodes (`cluster/fleet.sh`); each case
+//! installs the chart anew and pins its pods to the nodes it is about.
 
+mod join;
 mod labelled;
 mod metrics;
 mod placement;
+mod reboot;
 mod restarts;
 pub(super) mod watch;
 
@@ -26,9 +28,11 @@ use crate::node::RESOURCE;
 use crate::pods::{joined, listing_entries};
 use crate::wait::{secs, wait_for};
 
+pub use join::late_join;
 pub use labelled::labelled_scope;
 pub use metrics::one_prometheus;
 pub use placement::{drain, placement};
+pub use reboot::efa_a_rebooted;
 pub use restarts::{isolation, rollout};
 
 /// The node every single-node case runs on, whose fake EFAs are p4d's.
