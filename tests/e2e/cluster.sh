@@ -310,12 +310,7 @@ cluster_cases() {
 	run_case "(5) metrics over the pod IP: 4 healthy, efa_device_allocation names the holder of its 2 EFAs" case_metrics
 	run_case "(6) rollout restart: new pod Ready, holder keeps its devices, allocatable 4" case_rolling_update
 	run_case "(7) device loss: allocatable 3 within the status period + 2s, then 4" case_device_loss
-	run_case "(P1) Prometheus discovers the plugin pod by its prometheus.io/* annotations; target up" case_prometheus_target
-	run_case "(P2) Prometheus has every metric family the README lists" case_prometheus_families
-	run_case "(P3) Prometheus: the holder's counters carry its namespace, pod and container" case_prometheus_holder_labels
-	run_case "(P4) device loss: EfaDeviceUnhealthy fires, every dashboard query has data, the alert resolves" case_prometheus_alert_lifecycle
-	run_case "(P5) every PromQL example in the README returns a result" case_readme_promql
-	run_case "(P6) EfaReceiveDrops, EfaRdmaReadErrors, EfaRdmaWriteErrors fire on raised counters, naming the holder" case_prometheus_counter_alerts
+	runner_cases 'P[1-6]'
 	run_case "(8) node without EFA: plugin Ready, allocatable 0 or absent" case_no_efa
 	run_case "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean" case_helm
 	run_case "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa" case_cdi
@@ -328,7 +323,7 @@ cluster_cases() {
 	dra_cases
 	arm64_cases
 	fleet_cases
-	runner_cases
+	runner_cases 'F[0-9]+|E1'
 	soak_cases
 }
 
@@ -392,7 +387,14 @@ host_request() {
 	restart_kubelet) stop_daemon "kubelet-$1"; start_node_kubelet "$1" >/dev/null ;;
 	# SIGKILL to the task ARG2 of node ARG1's containerd, as a crash would end it.
 	kill_container) ctr_on "$1" tasks kill -s SIGKILL "$2" >/dev/null ;;
+	# Prometheus running (the runner waits for its targets); prints its URL.
 	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
+	# A Ready plugin pod on efa-a with 4 EFAs allocatable, however installed.
+	plugin) ensure_plugin >/dev/null ;;
+	# The plugin of ensure_plugin, and the pod "holder" running on efa-a with 2 EFAs.
+	holder) ensure_holder >/dev/null ;;
+	# A Job ARG1 of ARG2 EFAs run to completion, its container's devices checked; it is gone after.
+	job) run_job "$@" >/dev/null ;;
 	# Where the host sees what node ARG1 sees at path ARG2.
 	host_path) node_host_path "$@" ;;
 	# A power cycle of node ARG1 in steps, so that the runner can start node

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, anyhow, bail};
 
-use crate::cluster::{Cluster, fleet, health as cluster_health, node_mode, reboots};
+use crate::cluster::{Cluster, fleet, health as cluster_health, node_mode, reboots, scrapes};
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
 use crate::plugin::{Stopped, allocation_series, sample};
@@ -286,6 +286,43 @@ pub const CASES: &[Case] = &[
         "T11 single-numa-node, static CPU manager: Guaranteed 1 CPU + 1 EFA -> CPU 1 + a NUMA-1 EFA",
         topology::static_cpu_manager_picks_node_1,
     ),
+    // The Prometheus cases, between the single-node cases 7 and 8.
+    Case {
+        id: "P1",
+        label: "(P1) Prometheus discovers the plugin pod by its prometheus.io/* annotations; target up",
+        since: None,
+        run: Run::Cluster(scrapes::target),
+    },
+    Case {
+        id: "P2",
+        label: "(P2) Prometheus has every metric family the README lists",
+        since: None,
+        run: Run::Cluster(scrapes::families_present),
+    },
+    Case {
+        id: "P3",
+        label: "(P3) Prometheus: the holder's counters carry its namespace, pod and container",
+        since: None,
+        run: Run::Cluster(scrapes::holder_labels),
+    },
+    Case {
+        id: "P4",
+        label: "(P4) device loss: EfaDeviceUnhealthy fires, every dashboard query has data, the alert resolves",
+        since: None,
+        run: Run::Cluster(scrapes::alert_lifecycle),
+    },
+    Case {
+        id: "P5",
+        label: "(P5) every PromQL example in the README returns a result",
+        since: None,
+        run: Run::Cluster(scrapes::readme_examples),
+    },
+    Case {
+        id: "P6",
+        label: "(P6) EfaReceiveDrops, EfaRdmaReadErrors, EfaRdmaWriteErrors fire on raised counters, naming the holder",
+        since: None,
+        run: Run::Cluster(scrapes::counter_alerts),
+    },
     // The fleet's cases, in the order the suite's bash ran them, before the runner's others.
     Case {
         id: "F1",

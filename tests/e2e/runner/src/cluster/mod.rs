@@ -2,6 +2,7 @@
 //! infrastructure it keeps (nodes, charts, Prometheus), and the nodes' fake EFA trees as the
 //! host sees them.
 
+mod counters;
 pub mod fleet;
 pub mod health;
 mod host;
@@ -9,6 +10,7 @@ mod kube;
 pub mod node_mode;
 mod prometheus;
 pub mod reboots;
+pub mod scrapes;
 mod workload;
 
 use std::fs;
@@ -16,14 +18,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
-use efa_device_plugin::testkit::simulate::{FakeNode, Nodes};
+use anyhow::{Context, Result, anyhow, ensure};
+use efa_device_plugin::testkit::simulate::{FakeDevice, FakeNode, Nodes, Shape, devices};
 
 use crate::daemon::tail;
 use crate::kubelet::Checkpoint;
+use crate::wait::{secs, wait_until};
+use counters::RisingCounters;
 pub use host::Host;
 pub use kube::Kube;
-use prometheus::Prometheus;
+use prometheus::{POD_JOB, Prometheus};
 
 /// Where the suite lays out each node's fake sysfs tree, as the node sees it.
 const FIXTURES_SYSFS: &str = "/run/efa-device-plugin-e2e/sys";
@@ -32,6 +36,10 @@ const CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_check
 /// How often every kubelet of the suite reports node status (`NODE_STATUS_PERIOD` in
 /// cluster.sh): allocatable moves on the next report.
 pub const NODE_STATUS_PERIOD: Duration = Duration::from_secs(10);
+/// Where the plugin serves its metrics, which the shipped pod's `prometheus.io/port` names.
+pub const METRICS_PORT: u16 = 9465;
+/// The node of the single-node cases, in the host's namespaces.
+const EFA_A: &str = "efa-a";
 
 pub struct Cluster {
     pub kube: Kube,
@@ -42,6 +50,8 @@ pub struct Cluster {
     pub kubelet: PathBuf,
     /// The plugin's static binary, as the packages install it.
     pub plugin: PathBuf,
+    /// `efa-a`'s counters rising, once a case asked for them; they stop with the runner.
+    pub counters: Option<RisingCounters>,
 }
 
 impl Cluster {
@@ -68,15 +78,84 @@ impl Cluster {
         })
     }
 
+    /// `node`'s EFAs of `shape` as its tree lays them out: testkit's devices of that shape (IDs,
+    /// PCI addresses, uverbs numbers, checked against the tree), each below the bridges the tree
+    /// puts above it, so that the test kit changes the files the plugin reads.
+    pub fn fake_efas(&mut self, node: &str, shape: Shape) -> Result<(FakeNode, Vec<FakeDevice>)> {
+        let fake = self.fake_node(node)?;
+        let pci = fs::canonicalize(fake.sysfs.join("devices"))
+            .with_context(|| format!("{node}'s sysfs devices"))?;
+        let mut efas = Vec::new();
+        for mut efa in devices(shape).into_iter().filter(FakeDevice::is_efa) {
+            let entry = fake.sysfs.join("class/infiniband").join(&efa.ibdev);
+            let real = fs::canonicalize(&entry)
+                .with_context(|| format!("{} on {node}", entry.display()))?;
+            let mut path: Vec<String> = real
+                .strip_prefix(&pci)
+                .with_context(|| format!("{node}'s {} is not below devices/", efa.ibdev))?
+                .iter()
+                .map(|part| part.to_string_lossy().into_owned())
+                .collect();
+            let tail = [efa.bdf.clone(), "infiniband".to_owned(), efa.ibdev.clone()];
+            ensure!(
+                path.len() > tail.len() && path.ends_with(&tail),
+                "{node}'s {} is at {}, not at {}/infiniband/{}",
+                efa.ibdev,
+                real.display(),
+                efa.bdf,
+                efa.ibdev
+            );
+            path.truncate(path.len() - tail.len());
+            efa.parents = path;
+            let uverbs = fake
+                .sysfs
+                .join("class/infiniband_verbs")
+                .join(efa.uverbs_name())
+                .join("dev");
+            let dev = fs::read_to_string(&uverbs)
+                .with_context(|| format!("{} on {node}", uverbs.display()))?;
+            ensure!(
+                dev.trim() == efa.dev.to_string(),
+                "{node}'s {} is {}, not {}",
+                uverbs.display(),
+                dev.trim(),
+                efa.dev
+            );
+            efas.push(efa);
+        }
+        Ok((fake, efas))
+    }
+
     pub fn checkpoint(&mut self, node: &str) -> Result<Checkpoint> {
         Ok(Checkpoint {
             path: self.host_path(node, CHECKPOINT)?,
         })
     }
 
-    /// The suite's Prometheus, started if it was not, with the plugin pod a healthy target.
+    /// The suite's Prometheus, started if it was not, with `efa-a`'s plugin pod a healthy target.
     pub fn prometheus(&mut self) -> Result<Prometheus> {
-        Prometheus::at(&self.host.request("prometheus", &[])?)
+        let prometheus = Prometheus::at(&self.host.request("prometheus", &[])?)?;
+        wait_until(
+            &format!("a healthy {POD_JOB} target for {EFA_A}'s plugin pod"),
+            secs(60),
+            || {
+                let (Ok(targets), Ok(Some(pod))) = (
+                    prometheus.active_targets(POD_JOB),
+                    self.kube.serving_plugin_pod(EFA_A),
+                ) else {
+                    return false;
+                };
+                prometheus::scrapes(&targets, &pod)
+            },
+        )
+        .map_err(|err| {
+            anyhow!(
+                "{err}: {}; {}",
+                prometheus.targets(POD_JOB),
+                tail(&self.run.join("logs/prometheus.log"), 2)
+            )
+        })?;
+        Ok(prometheus)
     }
 
     /// Whether this kubelet has the `ResourceHealthStatus` gate (the suite turns it on), and so

@@ -18,9 +18,9 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape, devices};
 use serde::Deserialize;
 
-use super::Cluster;
 use super::kube::Pod;
 use super::workload::{Placement, pod};
+use super::{Cluster, METRICS_PORT};
 use crate::cases::Detail;
 use crate::node::RESOURCE;
 use crate::pods::{joined, listing_entries};
@@ -62,9 +62,6 @@ const FLEET: [FleetNode; 3] = [
 ];
 
 const NAMES: [&str; 3] = [EFA_A, EFA_B, PLAIN];
-
-/// Where the plugin serves its metrics, on its pod's IP.
-const METRICS_PORT: u16 = 9465;
 
 fn fleet_node(name: &str) -> Result<&'static FleetNode> {
     FLEET
