@@ -115,3 +115,42 @@ fn raise(fake: &FakeNode, efas: &[FakeDevice], round: u64) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fs;
+
+    use efa_device_plugin::testkit::simulate::{Nodes, Shape};
+
+    use super::*;
+
+    #[test]
+    fn the_missing_counters_are_laid_and_then_rise() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, devices) = FakeNode::build(dir.path(), Shape::P4d, Nodes::Files).unwrap();
+        let efas: Vec<FakeDevice> = devices.into_iter().filter(FakeDevice::is_efa).collect();
+        let drops = fake
+            .sysfs
+            .join("class/infiniband")
+            .join(&efas[1].ibdev)
+            .join("ports/1/hw_counters/rx_drops");
+        let read = || {
+            fs::read_to_string(&drops)
+                .unwrap()
+                .trim()
+                .parse::<u64>()
+                .unwrap()
+        };
+
+        let (counters, laid_now) = RisingCounters::start(fake.clone(), efas.clone()).unwrap();
+        assert!(laid_now);
+        assert_eq!(read(), 1_000_001);
+        thread::sleep(EVERY * 2);
+        assert!(read() > 1_000_001);
+        counters.check().unwrap();
+        drop(counters);
+
+        let (_again, laid_now) = RisingCounters::start(fake, efas).unwrap();
+        assert!(!laid_now);
+    }
+}

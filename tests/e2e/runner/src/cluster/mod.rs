@@ -78,51 +78,10 @@ impl Cluster {
         })
     }
 
-    /// `node`'s EFAs of `shape` as its tree lays them out: testkit's devices of that shape (IDs,
-    /// PCI addresses, uverbs numbers, checked against the tree), each below the bridges the tree
-    /// puts above it, so that the test kit changes the files the plugin reads.
+    /// `node`'s fake EFA tree and its EFAs of `shape` as the tree lays them out ([`laid_out`]).
     pub fn fake_efas(&mut self, node: &str, shape: Shape) -> Result<(FakeNode, Vec<FakeDevice>)> {
         let fake = self.fake_node(node)?;
-        let pci = fs::canonicalize(fake.sysfs.join("devices"))
-            .with_context(|| format!("{node}'s sysfs devices"))?;
-        let mut efas = Vec::new();
-        for mut efa in devices(shape).into_iter().filter(FakeDevice::is_efa) {
-            let entry = fake.sysfs.join("class/infiniband").join(&efa.ibdev);
-            let real = fs::canonicalize(&entry)
-                .with_context(|| format!("{} on {node}", entry.display()))?;
-            let mut path: Vec<String> = real
-                .strip_prefix(&pci)
-                .with_context(|| format!("{node}'s {} is not below devices/", efa.ibdev))?
-                .iter()
-                .map(|part| part.to_string_lossy().into_owned())
-                .collect();
-            let tail = [efa.bdf.clone(), "infiniband".to_owned(), efa.ibdev.clone()];
-            ensure!(
-                path.len() > tail.len() && path.ends_with(&tail),
-                "{node}'s {} is at {}, not at {}/infiniband/{}",
-                efa.ibdev,
-                real.display(),
-                efa.bdf,
-                efa.ibdev
-            );
-            path.truncate(path.len() - tail.len());
-            efa.parents = path;
-            let uverbs = fake
-                .sysfs
-                .join("class/infiniband_verbs")
-                .join(efa.uverbs_name())
-                .join("dev");
-            let dev = fs::read_to_string(&uverbs)
-                .with_context(|| format!("{} on {node}", uverbs.display()))?;
-            ensure!(
-                dev.trim() == efa.dev.to_string(),
-                "{node}'s {} is {}, not {}",
-                uverbs.display(),
-                dev.trim(),
-                efa.dev
-            );
-            efas.push(efa);
-        }
+        let efas = laid_out(&fake, shape).with_context(|| format!("{node}'s tree"))?;
         Ok((fake, efas))
     }
 
@@ -206,6 +165,50 @@ impl Cluster {
     }
 }
 
+/// The EFAs of `shape` as `fake`'s tree lays them out: testkit's devices of that shape (IDs, PCI
+/// addresses, uverbs numbers, checked against the tree), each below the bridges the tree puts
+/// above it, so that the test kit changes the files the plugin reads.
+fn laid_out(fake: &FakeNode, shape: Shape) -> Result<Vec<FakeDevice>> {
+    let pci = fs::canonicalize(fake.sysfs.join("devices")).context("devices/")?;
+    let mut efas = Vec::new();
+    for mut efa in devices(shape).into_iter().filter(FakeDevice::is_efa) {
+        let entry = fake.sysfs.join("class/infiniband").join(&efa.ibdev);
+        let real = fs::canonicalize(&entry).with_context(|| format!("{}", entry.display()))?;
+        let mut path: Vec<String> = real
+            .strip_prefix(&pci)
+            .with_context(|| format!("{} is not below devices/", efa.ibdev))?
+            .iter()
+            .map(|part| part.to_string_lossy().into_owned())
+            .collect();
+        let tail = [efa.bdf.clone(), "infiniband".to_owned(), efa.ibdev.clone()];
+        ensure!(
+            path.len() > tail.len() && path.ends_with(&tail),
+            "{} is at {}, not at {}/infiniband/{}",
+            efa.ibdev,
+            real.display(),
+            efa.bdf,
+            efa.ibdev
+        );
+        path.truncate(path.len() - tail.len());
+        efa.parents = path;
+        let uverbs = fake
+            .sysfs
+            .join("class/infiniband_verbs")
+            .join(efa.uverbs_name())
+            .join("dev");
+        let dev = fs::read_to_string(&uverbs).with_context(|| format!("{}", uverbs.display()))?;
+        ensure!(
+            dev.trim() == efa.dev.to_string(),
+            "{} is {}, not {}",
+            uverbs.display(),
+            dev.trim(),
+            efa.dev
+        );
+        efas.push(efa);
+    }
+    Ok(efas)
+}
+
 fn kubelet_logs(logs: &Path) -> Vec<String> {
     let Ok(entries) = fs::read_dir(logs) else {
         return Vec::new();
@@ -225,4 +228,28 @@ fn kubelet_logs(logs: &Path) -> Vec<String> {
             format!("{name} log: {}", tail(log, 3))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use efa_device_plugin::testkit::simulate::Nodes;
+
+    use super::*;
+
+    #[test]
+    fn efas_are_found_below_the_bridges_their_tree_puts_above_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (fake, _) = FakeNode::build(dir.path(), Shape::P4d, Nodes::Files).unwrap();
+        // One EFA moved below a bridge, as the suite's own p4d tree has them.
+        let mut moved = devices(Shape::P4d).remove(3);
+        fake.remove(&moved).unwrap();
+        moved.parents.push("0000:a0:01.0".to_owned());
+        fake.add(&moved).unwrap();
+
+        let efas = laid_out(&fake, Shape::P4d).unwrap();
+        assert_eq!(efas.len(), 4);
+        assert_eq!(efas[0].parents, ["pci0000:10"]);
+        assert_eq!(efas[3].parents, ["pci0000:a0", "0000:a0:01.0"]);
+        assert!(laid_out(&fake, Shape::P5en).is_err());
+    }
 }
