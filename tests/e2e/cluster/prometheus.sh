@@ -1,4 +1,5 @@
 # shellcheck shell=bash
+# shellcheck disable=SC2034 # REASON and PROMETHEUS_URL are read by host_request (cluster.sh)
 # A real Prometheus against the installed plugin: built from source (see
 # prometheus_binaries in lib/build.sh), run on the host on loopback with a
 # kubeconfig and RBAC of its own that allow listing pods, discovering the
