@@ -301,14 +301,7 @@ cleanup() {
 }
 
 cluster_cases() {
-	runner_cases '[1-7]'
-	run_case "(P1) Prometheus discovers the plugin pod by its prometheus.io/* annotations; target up" case_prometheus_target
-	run_case "(P2) Prometheus has every metric family the README lists" case_prometheus_families
-	run_case "(P3) Prometheus: the holder's counters carry its namespace, pod and container" case_prometheus_holder_labels
-	run_case "(P4) device loss: EfaDeviceUnhealthy fires, every dashboard query has data, the alert resolves" case_prometheus_alert_lifecycle
-	run_case "(P5) every PromQL example in the README returns a result" case_readme_promql
-	run_case "(P6) EfaReceiveDrops, EfaRdmaReadErrors, EfaRdmaWriteErrors fire on raised counters, naming the holder" case_prometheus_counter_alerts
-	runner_cases '8|9|1[0-6]'
+	runner_cases '[0-9]+|P[1-6]'
 	dra_cases
 	runner_cases 'A[1-4]'
 	runner_cases '[EF][0-9]+'
@@ -390,6 +383,7 @@ host_request() {
 	restart_kubelet) stop_daemon "kubelet-$1"; start_node_kubelet "$1" >/dev/null ;;
 	# SIGKILL to the task ARG2 of node ARG1's containerd, as a crash would end it.
 	kill_container) ctr_on "$1" tasks kill -s SIGKILL "$2" >/dev/null ;;
+	# Prometheus running (the runner waits for its targets); prints its URL.
 	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
 	# A p4d node ARG1 joined and Ready; it stays until `leave`.
 	join) join_node "$1" >/dev/null ;;

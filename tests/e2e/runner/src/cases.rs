@@ -10,7 +10,7 @@ use anyhow::{Result, anyhow, bail};
 
 use crate::cluster::{
     Cluster, arm64, cdi, fleet, gdrdrv, health as cluster_health, holder, install, migration,
-    node_mode, reboots, workloads,
+    node_mode, reboots, scrapes, workloads,
 };
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
@@ -332,6 +332,43 @@ pub const CASES: &[Case] = &[
         label: "(7) device loss: allocatable 3 within the status period + 2s, then 4",
         since: None,
         run: Run::Cluster(holder::device_loss),
+    },
+    // The Prometheus cases, between the single-node cases 7 and 8.
+    Case {
+        id: "P1",
+        label: "(P1) Prometheus discovers the plugin pod by its prometheus.io/* annotations; target up",
+        since: None,
+        run: Run::Cluster(scrapes::target),
+    },
+    Case {
+        id: "P2",
+        label: "(P2) Prometheus has every metric family the README lists",
+        since: None,
+        run: Run::Cluster(scrapes::families_present),
+    },
+    Case {
+        id: "P3",
+        label: "(P3) Prometheus: the holder's counters carry its namespace, pod and container",
+        since: None,
+        run: Run::Cluster(scrapes::holder_labels),
+    },
+    Case {
+        id: "P4",
+        label: "(P4) device loss: EfaDeviceUnhealthy fires, every dashboard query has data, the alert resolves",
+        since: None,
+        run: Run::Cluster(scrapes::alert_lifecycle),
+    },
+    Case {
+        id: "P5",
+        label: "(P5) every PromQL example in the README returns a result",
+        since: None,
+        run: Run::Cluster(scrapes::readme_examples),
+    },
+    Case {
+        id: "P6",
+        label: "(P6) EfaReceiveDrops, EfaRdmaReadErrors, EfaRdmaWriteErrors fire on raised counters, naming the holder",
+        since: None,
+        run: Run::Cluster(scrapes::counter_alerts),
     },
     Case {
         id: "8",

@@ -214,6 +214,7 @@ fn run(args: &Args) -> Result<Tally> {
                 repo: required(&args.repo, "repo")?,
                 kubelet: args.kubelet.clone(),
                 plugin: args.plugin.clone(),
+                counters: None,
             };
             run_cases(args, &mut cluster)
         }

@@ -4,6 +4,7 @@
 
 pub mod arm64;
 pub mod cdi;
+mod counters;
 pub mod fleet;
 pub mod gdrdrv;
 pub mod health;
@@ -17,6 +18,7 @@ mod pod_resources;
 mod pod_spec;
 mod prometheus;
 pub mod reboots;
+pub mod scrapes;
 mod single_node;
 mod workload;
 pub mod workloads;
@@ -26,14 +28,16 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, anyhow};
 use efa_device_plugin::testkit::simulate::{FakeNode, Nodes};
 
 use crate::daemon::tail;
 use crate::kubelet::Checkpoint;
+use crate::wait::{secs, wait_until};
+use counters::RisingCounters;
 pub use host::Host;
 pub use kube::Kube;
-use prometheus::Prometheus;
+use prometheus::{POD_JOB, Prometheus};
 
 /// Where the suite lays out each node's fake sysfs tree, as the node sees it.
 const FIXTURES_SYSFS: &str = "/run/efa-device-plugin-e2e/sys";
@@ -42,6 +46,8 @@ const CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_check
 /// How often every kubelet of the suite reports node status (`NODE_STATUS_PERIOD` in
 /// cluster.sh): allocatable moves on the next report.
 pub const NODE_STATUS_PERIOD: Duration = Duration::from_secs(10);
+/// The node of the single-node cases, in the host's namespaces.
+const EFA_A: &str = "efa-a";
 
 pub struct Cluster {
     pub kube: Kube,
@@ -54,6 +60,8 @@ pub struct Cluster {
     pub kubelet: PathBuf,
     /// The plugin's static binary, as the packages install it.
     pub plugin: PathBuf,
+    /// `efa-a`'s counters rising, once a case asked for them; they stop with the runner.
+    pub counters: Option<RisingCounters>,
 }
 
 impl Cluster {
@@ -86,9 +94,30 @@ impl Cluster {
         })
     }
 
-    /// The suite's Prometheus, started if it was not, with the plugin pod a healthy target.
+    /// The suite's Prometheus, started if it was not, with `efa-a`'s plugin pod a healthy target.
     pub fn prometheus(&mut self) -> Result<Prometheus> {
-        Prometheus::at(&self.host.request("prometheus", &[])?)
+        let prometheus = Prometheus::at(&self.host.request("prometheus", &[])?)?;
+        wait_until(
+            &format!("a healthy {POD_JOB} target for {EFA_A}'s plugin pod"),
+            secs(60),
+            || {
+                let (Ok(targets), Ok(Some(pod))) = (
+                    prometheus.active_targets(POD_JOB),
+                    self.kube.serving_plugin_pod(EFA_A),
+                ) else {
+                    return false;
+                };
+                prometheus::scrapes(&targets, &pod)
+            },
+        )
+        .map_err(|err| {
+            anyhow!(
+                "{err}: {}; {}",
+                prometheus.targets(POD_JOB),
+                tail(&self.run.join("logs/prometheus.log"), 2)
+            )
+        })?;
+        Ok(prometheus)
     }
 
     /// Whether this kubelet has the `ResourceHealthStatus` gate (the suite turns it on), and so

@@ -6,7 +6,13 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
+use super::kube::Pod;
 use crate::http;
+use crate::plugin::METRICS_PORT;
+
+/// The suite's scrape job that finds pods by their `prometheus.io/*` annotations, the
+/// prometheus-community chart's `kubernetes-pods` job (cluster/prometheus.sh's config).
+pub const POD_JOB: &str = "kubernetes-pods";
 
 pub struct Prometheus {
     pub port: u16,
@@ -42,6 +48,18 @@ impl Sample {
     pub fn label(&self, label: &str) -> &str {
         self.metric.get(label).map_or("-", String::as_str)
     }
+}
+
+#[derive(Deserialize)]
+struct Alerts {
+    alerts: Vec<Alert>,
+}
+
+/// An alert the rules hold now: pending or firing, or resolved a short while ago.
+#[derive(Deserialize)]
+struct Alert {
+    labels: BTreeMap<String, String>,
+    state: String,
 }
 
 #[derive(Deserialize)]
@@ -111,6 +129,22 @@ impl Prometheus {
         Ok(!self.query(&expr)?.is_empty())
     }
 
+    /// The state of the alert `alert` whose label `label` has `value`, as the rules hold it:
+    /// `pending`, `firing`, or `inactive` when they hold none.
+    pub fn alert_state(&self, alert: &str, (label, value): (&str, &str)) -> Result<String> {
+        let alerts: Alerts = self.api("/api/v1/alerts")?;
+        Ok(alerts
+            .alerts
+            .into_iter()
+            .find(|held| {
+                held.labels
+                    .get("alertname")
+                    .is_some_and(|name| name == alert)
+                    && held.labels.get(label).is_some_and(|held| held == value)
+            })
+            .map_or_else(|| "inactive".to_owned(), |held| held.state))
+    }
+
     /// The alerts named `alert` as `device holder state` lines, for a failure's reason.
     pub fn alerts(&self, alert: &str) -> String {
         match self.query(&format!("ALERTS{{alertname=\"{alert}\"}}")) {
@@ -146,6 +180,15 @@ impl Prometheus {
             Err(err) => format!("(cannot ask Prometheus: {err:#})"),
         }
     }
+}
+
+/// Whether `targets` holds the plugin pod `pod`'s metrics endpoint, and finds it up.
+pub fn scrapes(targets: &[Target], pod: &Pod) -> bool {
+    let url = format!("http://{}:{METRICS_PORT}/metrics", pod.status.pod_ip);
+    !pod.status.pod_ip.is_empty()
+        && targets
+            .iter()
+            .any(|target| target.scrape_url == url && target.health == "up")
 }
 
 /// A query string value, percent-encoded but for RFC 3986's unreserved characters.
@@ -187,6 +230,21 @@ mod tests {
                 sample.value()
             ),
             ("efa-b", "-", "4")
+        );
+    }
+
+    #[test]
+    fn an_alerts_state_is_read_from_the_alerts_it_holds() {
+        let answer: Answer<Alerts> = serde_json::from_str(
+            r#"{"status": "success", "data": {"alerts": [
+                {"labels": {"alertname": "EfaDeviceUnhealthy", "ibdev": "rdmap160s27"},
+                 "state": "pending", "activeAt": "2026-12-06T22:00:00Z", "value": "1e+00"}]}}"#,
+        )
+        .unwrap();
+        let [alert] = answer.data.unwrap().alerts.try_into().ok().unwrap();
+        assert_eq!(
+            (alert.labels["ibdev"].as_str(), alert.state.as_str()),
+            ("rdmap160s27", "pending")
         );
     }
 

@@ -6,16 +6,12 @@ use anyhow::{Context, Result, anyhow, ensure};
 use super::{EFA_A, EFA_B, FLEET, NAMES, start_pod, with_chart};
 use crate::cases::Detail;
 use crate::cluster::Cluster;
-use crate::cluster::prometheus::Prometheus;
+use crate::cluster::prometheus::{POD_JOB as JOB, Prometheus, scrapes};
 use crate::cluster::workload::Placement;
-use crate::plugin::METRICS_PORT;
 use crate::wait::{secs, wait_until};
 
 const HOLD_A: &str = "hold-a";
 const HOLD_B: &str = "hold-b";
-/// The scrape job that finds pods by their `prometheus.io/*` annotations (the suite's
-/// Prometheus config, `PROMETHEUS_JOB` in cluster/prometheus.sh).
-const JOB: &str = "kubernetes-pods";
 const BY_NODE: &str = "count by (node, namespace, pod) (efa_device_allocation)";
 const BY_POD: &str = "count by (namespace, pod) (efa_device_allocation)";
 const HEALTHY_BY_NODE: &str = "sum by (node) (efa_device_plugin_devices{health=\"healthy\"})";
@@ -46,11 +42,7 @@ fn every_node_scraped(cluster: &Cluster, prometheus: &Prometheus) -> Result<bool
         let Some(pod) = cluster.kube.serving_plugin_pod(node)? else {
             return Ok(false);
         };
-        let url = format!("http://{}:{METRICS_PORT}/metrics", pod.status.pod_ip);
-        let up = targets
-            .iter()
-            .any(|target| target.scrape_url == url && target.health == "up");
-        if pod.status.pod_ip.is_empty() || !up {
+        if !scrapes(&targets, &pod) {
             return Ok(false);
         }
     }
