@@ -103,13 +103,15 @@ impl Fixture for Cluster {
     fn stop(&mut self) {}
 }
 
-/// Whether a case that runs from Kubernetes `since` (`v1.36`; `None`: every version) runs at
-/// `version` (`v1.34.4`). A version that does not parse runs every case.
-pub fn runs_at(since: Option<&str>, version: &str) -> bool {
-    match (since.and_then(minor_of), minor_of(version)) {
-        (Some(first), Some(minor)) => minor >= first,
-        _ => true,
-    }
+/// Whether a case that runs from Kubernetes `since` (`v1.36`; `None`: every version) and
+/// before `before` (`None`: every later version) runs at `version` (`v1.34.4`). A bound or a
+/// version that does not parse holds every version.
+pub fn runs_at(since: Option<&str>, before: Option<&str>, version: &str) -> bool {
+    let Some(minor) = minor_of(version) else {
+        return true;
+    };
+    since.and_then(minor_of).is_none_or(|first| minor >= first)
+        && before.and_then(minor_of).is_none_or(|end| minor < end)
 }
 
 fn minor_of(version: &str) -> Option<u32> {
@@ -128,6 +130,8 @@ pub struct Case {
     pub label: &'static str,
     /// The first Kubernetes version it runs at; `None`: every version the suite runs at.
     pub since: Option<&'static str>,
+    /// The first Kubernetes version it no longer runs at; `None`: every version from `since`.
+    pub before: Option<&'static str>,
     pub run: Run,
 }
 
@@ -141,6 +145,7 @@ const fn topology_case(
         id,
         label,
         since: None,
+        before: None,
         run: Run::Topology(run),
     }
 }
@@ -150,54 +155,63 @@ pub const CASES: &[Case] = &[
         id: "K1",
         label: "registration: plugin registers; checkpoint lists 4 IDs",
         since: None,
+        before: None,
         run: Run::Kubelet(registration),
     },
     Case {
         id: "K2",
         label: "allocation: pod limited to 2 sees exactly its 2 uverbs nodes",
         since: None,
+        before: None,
         run: Run::Kubelet(allocation),
     },
     Case {
         id: "K3",
         label: "over-ask: pod asking for 5 is rejected at admission",
         since: None,
+        before: None,
         run: Run::Kubelet(over_ask),
     },
     Case {
         id: "K4",
         label: "kubelet restart: the plugin re-registers; new pod runs",
         since: None,
+        before: None,
         run: Run::Kubelet(kubelet_restart),
     },
     Case {
         id: "K5",
         label: "plugin restart: IDs and running pod are intact; new pod runs",
         since: None,
+        before: None,
         run: Run::Kubelet(plugin_restart),
     },
     Case {
         id: "K6",
         label: "device loss: missing device node makes 4 unschedulable; restored node admits 4",
         since: None,
+        before: None,
         run: Run::Kubelet(device_loss),
     },
     Case {
         id: "K7",
         label: "no false double booking: completed pod then a new pod on its EFAs, restarted container",
         since: None,
+        before: None,
         run: Run::Kubelet(no_false_double_booking),
     },
     Case {
         id: "K9",
         label: "admin queue closed: a held and a free EFA leave allocatable, the holder runs on; counters back at 0 admit 4",
         since: None,
+        before: None,
         run: Run::Kubelet(admin_queue_closed),
     },
     Case {
         id: "K8",
         label: "reboots: node mode (the unit's start, READY=1, then the kubelet) refuses no pod; the plugin after the kubelet is measured",
         since: None,
+        before: None,
         run: Run::Kubelet(crate::reboot::node_mode_survives_reboots),
     },
     // The topology suite, grouped by policy so the kubelet restarts once per group.
@@ -291,60 +305,70 @@ pub const CASES: &[Case] = &[
         id: "F1",
         label: "(F1) one plugin per node: chart defaults, Ready on all 3 nodes, each node's own IDs and count",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::one_plugin_per_node),
     },
     Case {
         id: "F2",
         label: "(F2) labelled mode, chart and kustomize: plugin pods only on labelled nodes; a label added starts one, removed stops it",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::labelled_scope),
     },
     Case {
         id: "F3",
         label: "(F3) placement: 5 lands on efa-b, 17 stays Pending though the fleet has 20, pods of 4 fill efa-a with one",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::placement),
     },
     Case {
         id: "F4",
         label: "(F4) rollout across nodes: never two nodes without a plugin, allocatable back, holders keep their devices",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::rollout),
     },
     Case {
         id: "F7",
         label: "(F7) isolation: efa-a's kubelet restarted and plugin killed; efa-b's allocatable, holder and registrations unchanged",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::isolation),
     },
     Case {
         id: "F8",
         label: "(F8) one Prometheus, every node's plugin: each names its own node's holders; the README's queries per pod and per node",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::one_prometheus),
     },
     Case {
         id: "F9",
         label: "(F9) drain efa-a: the Deployment's replacement runs on efa-b with its EFAs; uncordoned, efa-a back to 4",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::drain),
     },
     Case {
         id: "E1",
         label: "(E1) admin queue closed on efa-b: a held and a free EFA leave allocatable, the holder runs on Unhealthy, EfaAdminCommandTimeouts names it; probed again, one comes back; cmds_err alone only alerts",
         since: None,
+        before: None,
         run: Run::Cluster(cluster_health::admin_queue_closed),
     },
     Case {
         id: "F10",
         label: "(F10) node mode survives reboots: efa-a power-cycled with 4 pods bound each time, node mode before the kubelet refuses none; the DaemonSet is measured beside it",
         since: None,
+        before: None,
         run: Run::Cluster(reboots::node_mode_survives_reboots),
     },
     Case {
         id: "F11",
         label: "(F11) one plugin per node: node mode on labelled efa-a, no DaemonSet pod there; unlabelled, the DaemonSet's pod comes second and never registers, allocations stay single",
         since: None,
+        before: None,
         run: Run::Cluster(node_mode::one_plugin_per_node),
     },
 ];
@@ -902,9 +926,20 @@ mod tests {
 
     #[test]
     fn a_case_since_a_version_runs_from_it_on() {
-        assert!(runs_at(Some("v1.36"), "v1.36.3"));
-        assert!(runs_at(Some("v1.36"), "v1.38.0-beta.0"));
-        assert!(!runs_at(Some("v1.36"), "v1.34.4"));
-        assert!(runs_at(None, "v1.34.4"));
+        assert!(runs_at(Some("v1.36"), None, "v1.36.3"));
+        assert!(runs_at(Some("v1.36"), None, "v1.38.0-beta.0"));
+        assert!(!runs_at(Some("v1.36"), None, "v1.34.4"));
+        assert!(runs_at(None, None, "v1.34.4"));
+    }
+
+    #[test]
+    fn a_case_before_a_version_runs_up_to_the_one_before_it() {
+        assert!(runs_at(None, Some("v1.36"), "v1.34.4"));
+        assert!(runs_at(None, Some("v1.36"), "v1.35.0"));
+        assert!(!runs_at(None, Some("v1.36"), "v1.36.3"));
+        assert!(!runs_at(None, Some("v1.36"), "v1.37.2"));
+        assert!(runs_at(Some("v1.35"), Some("v1.37"), "v1.36.3"));
+        assert!(!runs_at(Some("v1.35"), Some("v1.37"), "v1.34.4"));
+        assert!(runs_at(None, Some("v1.36"), "unparsed"));
     }
 }
