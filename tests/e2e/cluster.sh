@@ -325,10 +325,10 @@ cluster_cases() {
 	run_case "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times" case_migration_pci
 	run_case "(15) CloudWatch's lookup: PodResources names the holder of each ibdev" case_migration_cloudwatch
 	run_case "(16) extra-device-nodes: a Job sees /dev/gdrdrv next to exactly its 2 uverbs nodes" case_gdrdrv
-	dra_cases
+	runner_cases 'D[1-5]'
 	arm64_cases
 	fleet_cases
-	runner_cases
+	runner_cases 'F[0-9]+|E1'
 	soak_cases
 }
 
@@ -383,6 +383,9 @@ host_request() {
 	chart) fleet_chart "$@" >/dev/null ;;
 	# Each node ARG... with a Ready plugin pod and its count allocatable.
 	serving) fleet_serving "$@" >/dev/null ;;
+	# helm install of the chart's release with the suite's values and ARG..., on the nodes up
+	# now (the fleet is not brought up); the release stays.
+	install) ours_install "$@" ;;
 	# helm upgrade of the chart's release with the suite's values and ARG...
 	upgrade) ours_helm upgrade "$@" >/dev/null ;;
 	uninstall) uninstall_plugin >/dev/null ;;
@@ -393,6 +396,11 @@ host_request() {
 	# SIGKILL to the task ARG2 of node ARG1's containerd, as a crash would end it.
 	kill_container) ctr_on "$1" tasks kill -s SIGKILL "$2" >/dev/null ;;
 	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
+	# The DRA driver stand-in's DaemonSet applied (its image built and imported first, once a
+	# run); its pod comes up and registers by itself and stays until dra_standin_down.
+	dra_standin_up) dra_standin_up ;;
+	# The stand-in's DaemonSet and RBAC deleted, if there; its pod may still be terminating.
+	dra_standin_down) dra_standin_down ;;
 	# Where the host sees what node ARG1 sees at path ARG2.
 	host_path) node_host_path "$@" ;;
 	# A power cycle of node ARG1 in steps, so that the runner can start node

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Result, anyhow, bail};
 
-use crate::cluster::{Cluster, fleet, health as cluster_health, node_mode, reboots};
+use crate::cluster::{Cluster, dra, fleet, health as cluster_health, node_mode, reboots};
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
 use crate::plugin::{Stopped, allocation_series, sample};
@@ -149,6 +149,10 @@ const fn topology_case(
         run: Run::Topology(run),
     }
 }
+
+/// The first version whose scheduler hands an extended resource to DRA by default
+/// (`DRAExtendedResource`, beta in 1.36, GA in 1.37).
+const DRA_EXTENDED_RESOURCE: &str = "v1.36";
 
 pub const CASES: &[Case] = &[
     Case {
@@ -300,6 +304,43 @@ pub const CASES: &[Case] = &[
         "T11 single-numa-node, static CPU manager: Guaranteed 1 CPU + 1 EFA -> CPU 1 + a NUMA-1 EFA",
         topology::static_cpu_manager_picks_node_1,
     ),
+    // The DRA handoff on efa-a alone, before the fleet: with DRAExtendedResource (on by default
+    // from 1.36) the scheduler hands the resource to DRA, without it nothing serves it.
+    Case {
+        id: "D1",
+        label: "(D1) DRA handoff, documented order: cordon, drain, driver in; same spec through DRA; plugin leaves by label",
+        since: Some(DRA_EXTENDED_RESOURCE),
+        before: None,
+        run: Run::Cluster(dra::handoff),
+    },
+    Case {
+        id: "D2",
+        label: "(D2) DRA handoff unsafe: driver in while P1 holds an EFA; warning, held_devices, whom DRA gives P1's EFA",
+        since: Some(DRA_EXTENDED_RESOURCE),
+        before: None,
+        run: Run::Cluster(dra::unsafe_handoff),
+    },
+    Case {
+        id: "D3",
+        label: "(D3) DRA hand back: drain, driver out; guard clears, same spec through the plugin",
+        since: Some(DRA_EXTENDED_RESOURCE),
+        before: None,
+        run: Run::Cluster(dra::hand_back),
+    },
+    Case {
+        id: "D5",
+        label: "(D5) DRA handoff, then a kubelet restart: does the same spec's new pod start through DRA (PR #141426)",
+        since: Some(DRA_EXTENDED_RESOURCE),
+        before: None,
+        run: Run::Cluster(dra::restart_handoff),
+    },
+    Case {
+        id: "D4",
+        label: "(D4) no DRAExtendedResource: with the DRA driver present the same pod stays Pending",
+        since: None,
+        before: Some(DRA_EXTENDED_RESOURCE),
+        run: Run::Cluster(dra::no_bridge),
+    },
     // The fleet's cases, in the order the suite's bash ran them, before the runner's others.
     Case {
         id: "F1",
@@ -941,5 +982,19 @@ mod tests {
         assert!(runs_at(Some("v1.35"), Some("v1.37"), "v1.36.3"));
         assert!(!runs_at(Some("v1.35"), Some("v1.37"), "v1.34.4"));
         assert!(runs_at(None, Some("v1.36"), "unparsed"));
+    }
+
+    #[test]
+    fn the_dra_cases_split_at_dra_extended_resource() {
+        let at = |version: &str| -> Vec<&str> {
+            CASES
+                .iter()
+                .filter(|case| case.id.starts_with('D'))
+                .filter(|case| runs_at(case.since, case.before, version))
+                .map(|case| case.id)
+                .collect()
+        };
+        assert_eq!(at("v1.34.4"), ["D4"]);
+        assert_eq!(at("v1.37.2"), ["D1", "D2", "D3", "D5"]);
     }
 }

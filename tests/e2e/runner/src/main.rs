@@ -210,6 +210,7 @@ fn run(args: &Args) -> Result<Tally> {
                 run: run.clone(),
                 kubelet: args.kubelet.clone(),
                 plugin: args.plugin.clone(),
+                kube_version: args.kube_version.clone(),
             };
             run_cases(args, &mut cluster)
         }

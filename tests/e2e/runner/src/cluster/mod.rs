@@ -2,6 +2,7 @@
 //! infrastructure it keeps (nodes, charts, Prometheus), and the nodes' fake EFA trees as the
 //! host sees them.
 
+pub mod dra;
 pub mod fleet;
 pub mod health;
 mod host;
@@ -42,6 +43,8 @@ pub struct Cluster {
     pub kubelet: PathBuf,
     /// The plugin's static binary, as the packages install it.
     pub plugin: PathBuf,
+    /// The Kubernetes version of every component, `v1.34.4`.
+    pub kube_version: String,
 }
 
 impl Cluster {

@@ -3,9 +3,10 @@
 
 use anyhow::{Context, Result, anyhow, ensure};
 
-use super::{EFA_A, EFA_B, FLEET, METRICS_PORT, NAMES, start_pod, with_chart};
+use super::{EFA_A, EFA_B, FLEET, NAMES, start_pod, with_chart};
 use crate::cases::Detail;
 use crate::cluster::Cluster;
+use crate::cluster::kube::METRICS_PORT;
 use crate::cluster::prometheus::Prometheus;
 use crate::cluster::workload::Placement;
 use crate::wait::{secs, wait_until};

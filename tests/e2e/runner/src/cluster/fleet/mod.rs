@@ -31,16 +31,16 @@ pub use metrics::one_prometheus;
 pub use placement::{drain, placement};
 pub use restarts::{isolation, rollout};
 
-const EFA_A: &str = "efa-a";
+pub(super) const EFA_A: &str = "efa-a";
 const EFA_B: &str = "efa-b";
 const PLAIN: &str = "plain";
 
 /// A node of the fleet: its name, the shape its fake EFAs have (as `cluster/fleet.sh` lays them
 /// out) and how many it offers.
-struct FleetNode {
-    name: &'static str,
-    shape: Shape,
-    efas: u64,
+pub(super) struct FleetNode {
+    pub name: &'static str,
+    pub shape: Shape,
+    pub efas: u64,
 }
 
 const FLEET: [FleetNode; 3] = [
@@ -63,10 +63,7 @@ const FLEET: [FleetNode; 3] = [
 
 const NAMES: [&str; 3] = [EFA_A, EFA_B, PLAIN];
 
-/// Where the plugin serves its metrics, on its pod's IP.
-const METRICS_PORT: u16 = 9465;
-
-fn fleet_node(name: &str) -> Result<&'static FleetNode> {
+pub(super) fn fleet_node(name: &str) -> Result<&'static FleetNode> {
     FLEET
         .iter()
         .find(|node| node.name == name)
@@ -102,7 +99,7 @@ fn serving(cluster: &mut Cluster, nodes: &[&str]) -> Result<()> {
 
 /// `node`'s EFAs as testkit lays out its shape, checked against the node's tree: the same names
 /// under `class/infiniband`, each with the same uverbs node and device number.
-fn efas_of(cluster: &mut Cluster, node: &FleetNode) -> Result<Vec<FakeDevice>> {
+pub(super) fn efas_of(cluster: &mut Cluster, node: &FleetNode) -> Result<Vec<FakeDevice>> {
     let sysfs = cluster.fake_node(node.name)?.sysfs;
     let efas: Vec<FakeDevice> = devices(node.shape)
         .into_iter()
@@ -147,16 +144,21 @@ fn efas_of(cluster: &mut Cluster, node: &FleetNode) -> Result<Vec<FakeDevice>> {
 }
 
 /// A pod whose container saw exactly the uverbs nodes of the EFAs its node's kubelet gave it.
-struct Held {
-    name: String,
-    node: String,
+pub(super) struct Held {
+    pub name: String,
+    pub node: String,
     /// As the node's checkpoint lists them, sorted.
-    ids: Vec<String>,
+    pub ids: Vec<String>,
 }
 
 /// A long-running pod asking for `count` EFAs, made anew, Running within 60 s, with exactly its
 /// EFAs on the node it runs on ([`check_devices`]).
-fn start_pod(cluster: &mut Cluster, name: &str, count: u32, placement: Placement) -> Result<Held> {
+pub(super) fn start_pod(
+    cluster: &mut Cluster,
+    name: &str,
+    count: u32,
+    placement: Placement,
+) -> Result<Held> {
     let kube = &cluster.kube;
     kube.delete_pods(&[name])?;
     kube.apply(&pod(name, count, "Never", placement))?;
@@ -169,7 +171,12 @@ fn start_pod(cluster: &mut Cluster, name: &str, count: u32, placement: Placement
 
 /// Pod `name` runs on `node`, and its container saw exactly the uverbs nodes of the `count`
 /// EFAs the node's kubelet gave it (its checkpoint), as testkit pairs them on the node's shape.
-fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> Result<Held> {
+pub(super) fn check_devices(
+    cluster: &mut Cluster,
+    name: &str,
+    count: u32,
+    node: &str,
+) -> Result<Held> {
     let pod = cluster
         .kube
         .pod(name)?
@@ -188,7 +195,23 @@ fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> R
         ids.len(),
         ids.join(" ")
     );
-    let efas = efas_of(cluster, fleet_node(node)?)?;
+    let got = listing_entries(&listing(cluster, name)?);
+    let want = uverbs_entries(cluster, node, &ids)?;
+    ensure!(
+        got == want,
+        "pod {name} on {node} sees [{}] in /dev/infiniband, want [{}]",
+        joined(&got, ";"),
+        joined(&want, ";")
+    );
+    Ok(Held {
+        name: name.to_owned(),
+        node: node.to_owned(),
+        ids,
+    })
+}
+
+/// Pod `name`'s listing of `/dev/infiniband`, whole, kept with the run's logs.
+pub(super) fn listing(cluster: &Cluster, name: &str) -> Result<String> {
     let kube = &cluster.kube;
     // The container prints FI_PROVIDER after the listing, so the listing is whole.
     let log = wait_for(&format!("pod {name}'s listing"), secs(20), || {
@@ -198,9 +221,18 @@ fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> R
             .filter(|log| log.lines().any(|line| line.starts_with("FI_PROVIDER="))))
     })?;
     fs::write(cluster.run.join(format!("logs/pod-{name}.log")), &log)?;
-    let got = listing_entries(&log);
-    let want = ids
-        .iter()
+    Ok(log)
+}
+
+/// What a listing of `/dev/infiniband` shows for `node`'s EFAs `ids` (`listing_entries`'
+/// lines), as testkit pairs them on the node's shape.
+pub(super) fn uverbs_entries(
+    cluster: &mut Cluster,
+    node: &str,
+    ids: &[String],
+) -> Result<BTreeSet<String>> {
+    let efas = efas_of(cluster, fleet_node(node)?)?;
+    ids.iter()
         .map(|id| {
             let efa = efas
                 .iter()
@@ -213,18 +245,7 @@ fn check_devices(cluster: &mut Cluster, name: &str, count: u32, node: &str) -> R
                 efa.uverbs_name()
             ))
         })
-        .collect::<Result<BTreeSet<String>>>()?;
-    ensure!(
-        got == want,
-        "pod {name} on {node} sees [{}] in /dev/infiniband, want [{}]",
-        joined(&got, ";"),
-        joined(&want, ";")
-    );
-    Ok(Held {
-        name: name.to_owned(),
-        node: node.to_owned(),
-        ids,
-    })
+        .collect()
 }
 
 /// `name phase node` of each pod, for a failure's reason.

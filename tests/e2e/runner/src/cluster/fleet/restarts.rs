@@ -1,20 +1,17 @@
 //! What restarts on one node leave of the others: a rollout across the fleet (F4), and `efa-a`'s
 //! kubelet and plugin restarted beside `efa-b` (F7), both watched from the API meanwhile.
 
-use std::net::IpAddr;
 use std::thread::sleep;
 
 use anyhow::{Context, Result, anyhow, ensure};
 
 use super::watch::{Sample, rollout as rolled_out_across, steady, watching};
 use super::{
-    EFA_A, EFA_B, FLEET, METRICS_PORT, NAMES, check_devices, fleet_node, start_pod, summary,
-    with_chart,
+    EFA_A, EFA_B, FLEET, NAMES, check_devices, fleet_node, start_pod, summary, with_chart,
 };
 use crate::cases::Detail;
 use crate::cluster::workload::Placement;
 use crate::cluster::{Cluster, NODE_STATUS_PERIOD};
-use crate::http;
 use crate::node::RESOURCE;
 use crate::plugin::sample;
 use crate::pods::{joined, listing_entries};
@@ -66,14 +63,7 @@ fn upgraded(cluster: &mut Cluster) -> Result<Detail> {
             .context("helm upgrade")?;
         cluster
             .kube
-            .run(&[
-                "rollout",
-                "status",
-                "-n",
-                "kube-system",
-                "daemonset/efa-device-plugin",
-                "--timeout=300s",
-            ])
+            .plugin_rolled_out(secs(300))
             .context("the rollout did not complete within 300s")?;
         cluster.host.request("serving", &NAMES)?;
         sleep(secs(2));
@@ -144,12 +134,7 @@ fn efa_b_state(cluster: &Cluster, plugin: &str) -> Result<String> {
         .into_iter()
         .find(|pod| pod.metadata.name == plugin)
         .with_context(|| format!("{EFA_B}'s plugin pod {plugin} is gone"))?;
-    let ip: IpAddr = pod
-        .status
-        .pod_ip
-        .parse()
-        .with_context(|| format!("{plugin}'s IP {:?}", pod.status.pod_ip))?;
-    let metrics = http::get_at(ip, METRICS_PORT, "/metrics")?;
+    let metrics = pod.metrics()?;
     let registrations = sample(&metrics, REGISTRATIONS).unwrap_or("none");
     let allocatable = kube
         .allocatable(EFA_B, RESOURCE)?
