@@ -837,3 +837,81 @@ fn restarted_after_handoff(cluster: &mut Cluster) -> Result<Detail> {
         cluster.kube_version
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_slice_device_is_read_with_dranets_attributes() {
+        let slice: ResourceSlice = serde_json::from_value(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "spec": {
+                "driver": "dra.net", "nodeName": "efa-a",
+                "pool": {"name": "efa-a", "generation": 1, "resourceSliceCount": 1},
+                "devices": [{
+                    "name": "rdmap16s27",
+                    "attributes": {
+                        "dra.net/pciAddress": {"string": "0000:10:1b.0"},
+                        "dra.net/rdmaDevice": {"string": "rdmap16s27"},
+                        "dra.net/rdma": {"bool": true},
+                        "resource.kubernetes.io/pcieRoot": {"string": "pci0000:10"},
+                        "resource.kubernetes.io/numaNode": {"int": 0}
+                    }
+                }, {"name": "bare"}]
+            }
+        }))
+        .unwrap();
+        let lines: Vec<String> = slice.spec.devices.iter().map(SliceDevice::line).collect();
+        assert_eq!(
+            lines,
+            [
+                "rdmap16s27 0000:10:1b.0 rdmap16s27 pci0000:10 0",
+                "bare - - - -"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_claims_results_and_a_pods_extended_claim_are_read() {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "dra-p2-extended-resources-x", "uid": "u1"},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "container-0-request-0", "driver": "dra.net", "pool": "efa-a", "device": "rdmap32s27"}
+            ]}}}
+        }))
+        .unwrap();
+        let results: Vec<String> = claim
+            .results()
+            .iter()
+            .map(|result| format!("{}/{}", result.driver, result.device))
+            .collect();
+        assert_eq!(results, ["dra.net/rdmap32s27"]);
+        let pending: ResourceClaim =
+            serde_json::from_value(json!({"metadata": {"uid": "u2"}})).unwrap();
+        assert!(pending.results().is_empty());
+
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "dra-p2", "uid": "p"},
+            "status": {
+                "phase": "Pending",
+                "extendedResourceClaimStatus": {
+                    "requestMappings": [],
+                    "resourceClaimName": "dra-p2-extended-resources-x"
+                },
+                "containerStatuses": [{"name": "probe", "state": {"waiting": {
+                    "reason": "CreateContainerError", "message": "no such device"
+                }}}]
+            }
+        }))
+        .unwrap();
+        assert_eq!(pod.extended_claim(), Some("dra-p2-extended-resources-x"));
+        let waiting = pod.waiting().unwrap();
+        assert_eq!(
+            (waiting.reason.as_str(), waiting.message.as_str()),
+            ("CreateContainerError", "no such device")
+        );
+    }
+}
