@@ -301,10 +301,7 @@ cleanup() {
 }
 
 cluster_cases() {
-	runner_cases '[0-9]+|P[1-6]'
-	dra_cases
-	runner_cases 'A[1-4]'
-	runner_cases '[EF][0-9]+'
+	runner_cases '[0-9]+|[PDAEF][0-9]+'
 	soak_cases
 }
 
@@ -395,6 +392,11 @@ host_request() {
 	# The stand-in's release uninstalled, if there is one, its pods gone, and
 	# its image no longer given to nodes that start.
 	standin_uninstall) fleet_standin_uninstall >/dev/null ;;
+	# The DRA driver stand-in's DaemonSet applied (its image built and imported first, once a
+	# run); its pod comes up and registers by itself and stays until dra_standin_down.
+	dra_standin_up) dra_standin_up ;;
+	# The stand-in's DaemonSet and RBAC deleted, if there; its pod may still be terminating.
+	dra_standin_down) dra_standin_down ;;
 	# Where the host sees what node ARG1 sees at path ARG2.
 	host_path) node_host_path "$@" ;;
 	# A power cycle of node ARG1 in steps, so that the runner can start node

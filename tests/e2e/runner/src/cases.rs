@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use anyhow::{Result, anyhow, bail};
 
 use crate::cluster::{
-    Cluster, arm64, cdi, fleet, gdrdrv, health as cluster_health, holder, install, migration,
+    Cluster, arm64, cdi, dra, fleet, gdrdrv, health as cluster_health, holder, install, migration,
     node_mode, reboots, scrapes, workloads,
 };
 use crate::kubelet::modified_since;
@@ -106,13 +106,15 @@ impl Fixture for Cluster {
     fn stop(&mut self) {}
 }
 
-/// Whether a case that runs from Kubernetes `since` (`v1.36`; `None`: every version) runs at
-/// `version` (`v1.34.4`). A version that does not parse runs every case.
-pub fn runs_at(since: Option<&str>, version: &str) -> bool {
-    match (since.and_then(minor_of), minor_of(version)) {
-        (Some(first), Some(minor)) => minor >= first,
-        _ => true,
-    }
+/// Whether a case that runs from Kubernetes `since` (`v1.36`; `None`: every version) and
+/// before `before` (`None`: every later version) runs at `version` (`v1.34.4`). A bound or a
+/// version that does not parse holds every version.
+pub fn runs_at(since: Option<&str>, before: Option<&str>, version: &str) -> bool {
+    let Some(minor) = minor_of(version) else {
+        return true;
+    };
+    since.and_then(minor_of).is_none_or(|first| minor >= first)
+        && before.and_then(minor_of).is_none_or(|end| minor < end)
 }
 
 fn minor_of(version: &str) -> Option<u32> {
@@ -131,6 +133,8 @@ pub struct Case {
     pub label: &'static str,
     /// The first Kubernetes version it runs at; `None`: every version the suite runs at.
     pub since: Option<&'static str>,
+    /// The first Kubernetes version it no longer runs at; `None`: every version from `since`.
+    pub before: Option<&'static str>,
     pub run: Run,
 }
 
@@ -144,63 +148,77 @@ const fn topology_case(
         id,
         label,
         since: None,
+        before: None,
         run: Run::Topology(run),
     }
 }
+
+/// The first version whose scheduler hands an extended resource to DRA by default
+/// (`DRAExtendedResource`, beta in 1.36, GA in 1.37).
+const DRA_EXTENDED_RESOURCE: &str = "v1.36";
 
 pub const CASES: &[Case] = &[
     Case {
         id: "K1",
         label: "registration: plugin registers; checkpoint lists 4 IDs",
         since: None,
+        before: None,
         run: Run::Kubelet(registration),
     },
     Case {
         id: "K2",
         label: "allocation: pod limited to 2 sees exactly its 2 uverbs nodes",
         since: None,
+        before: None,
         run: Run::Kubelet(allocation),
     },
     Case {
         id: "K3",
         label: "over-ask: pod asking for 5 is rejected at admission",
         since: None,
+        before: None,
         run: Run::Kubelet(over_ask),
     },
     Case {
         id: "K4",
         label: "kubelet restart: the plugin re-registers; new pod runs",
         since: None,
+        before: None,
         run: Run::Kubelet(kubelet_restart),
     },
     Case {
         id: "K5",
         label: "plugin restart: IDs and running pod are intact; new pod runs",
         since: None,
+        before: None,
         run: Run::Kubelet(plugin_restart),
     },
     Case {
         id: "K6",
         label: "device loss: missing device node makes 4 unschedulable; restored node admits 4",
         since: None,
+        before: None,
         run: Run::Kubelet(device_loss),
     },
     Case {
         id: "K7",
         label: "no false double booking: completed pod then a new pod on its EFAs, restarted container",
         since: None,
+        before: None,
         run: Run::Kubelet(no_false_double_booking),
     },
     Case {
         id: "K9",
         label: "admin queue closed: a held and a free EFA leave allocatable, the holder runs on; counters back at 0 admit 4",
         since: None,
+        before: None,
         run: Run::Kubelet(admin_queue_closed),
     },
     Case {
         id: "K8",
         label: "reboots: node mode (the unit's start, READY=1, then the kubelet) refuses no pod; the plugin after the kubelet is measured",
         since: None,
+        before: None,
         run: Run::Kubelet(crate::reboot::node_mode_survives_reboots),
     },
     // The topology suite, grouped by policy so the kubelet restarts once per group.
@@ -295,42 +313,49 @@ pub const CASES: &[Case] = &[
         id: "1",
         label: "(1) kustomize install: Ready over the pod IP, shipped securityContext, allocatable 4",
         since: None,
+        before: None,
         run: Run::Cluster(install::kustomize),
     },
     Case {
         id: "2",
         label: "(2) Job limited to 2 is scheduled, sees exactly its 2 uverbs nodes, completes",
         since: None,
+        before: None,
         run: Run::Cluster(workloads::job),
     },
     Case {
         id: "3",
         label: "(3) pod asking for 5 stays Pending with Insufficient vpc.amazonaws.com/efa",
         since: None,
+        before: None,
         run: Run::Cluster(workloads::over_ask),
     },
     Case {
         id: "4",
         label: "(4) kubectl exec list in the plugin pod prints 4 devices",
         since: None,
+        before: None,
         run: Run::Cluster(workloads::operator_cli),
     },
     Case {
         id: "5",
         label: "(5) metrics over the pod IP: 4 healthy, efa_device_allocation names the holder of its 2 EFAs",
         since: None,
+        before: None,
         run: Run::Cluster(holder::metrics),
     },
     Case {
         id: "6",
         label: "(6) rollout restart: new pod Ready, holder keeps its devices, allocatable 4",
         since: None,
+        before: None,
         run: Run::Cluster(holder::rolling_update),
     },
     Case {
         id: "7",
         label: "(7) device loss: allocatable 3 within the status period + 2s, then 4",
         since: None,
+        before: None,
         run: Run::Cluster(holder::device_loss),
     },
     // The Prometheus cases, between the single-node cases 7 and 8.
@@ -338,114 +363,170 @@ pub const CASES: &[Case] = &[
         id: "P1",
         label: "(P1) Prometheus discovers the plugin pod by its prometheus.io/* annotations; target up",
         since: None,
+        before: None,
         run: Run::Cluster(scrapes::target),
     },
     Case {
         id: "P2",
         label: "(P2) Prometheus has every metric family the README lists",
         since: None,
+        before: None,
         run: Run::Cluster(scrapes::families_present),
     },
     Case {
         id: "P3",
         label: "(P3) Prometheus: the holder's counters carry its namespace, pod and container",
         since: None,
+        before: None,
         run: Run::Cluster(scrapes::holder_labels),
     },
     Case {
         id: "P4",
         label: "(P4) device loss: EfaDeviceUnhealthy fires, every dashboard query has data, the alert resolves",
         since: None,
+        before: None,
         run: Run::Cluster(scrapes::alert_lifecycle),
     },
     Case {
         id: "P5",
         label: "(P5) every PromQL example in the README returns a result",
         since: None,
+        before: None,
         run: Run::Cluster(scrapes::readme_examples),
     },
     Case {
         id: "P6",
         label: "(P6) EfaReceiveDrops, EfaRdmaReadErrors, EfaRdmaWriteErrors fire on raised counters, naming the holder",
         since: None,
+        before: None,
         run: Run::Cluster(scrapes::counter_alerts),
     },
     Case {
         id: "8",
         label: "(8) node without EFA: plugin Ready, allocatable 0 or absent",
         since: None,
+        before: None,
         run: Run::Cluster(install::no_efa),
     },
     Case {
         id: "9",
         label: "(9) helm: server-side accepted, install, Job, upgrade rolls, uninstall clean",
         since: None,
+        before: None,
         run: Run::Cluster(install::helm),
     },
     Case {
         id: "10",
         label: "(10) CDI mode: Job sees exactly its 2 uverbs nodes through CDI, with FI_PROVIDER=efa",
         since: None,
+        before: None,
         run: Run::Cluster(cdi::job),
     },
     Case {
         id: "11",
         label: "(11) CDI mode: with the plugin gone, a holder's killed container restarts with its EFA",
         since: None,
+        before: None,
         run: Run::Cluster(cdi::spec_outlives_the_plugin),
     },
     Case {
         id: "12",
         label: "(12) Migration, documented order: AWS plugin out, this chart in; holder intact, new pod gets the free EFAs",
         since: None,
+        before: None,
         run: Run::Cluster(migration::documented_order),
     },
     Case {
         id: "13",
         label: "(13) Migration, this plugin first: 60s beside the AWS plugin without a fight, then it leaves",
         since: None,
+        before: None,
         run: Run::Cluster(migration::ours_first),
     },
     Case {
         id: "14",
         label: "(14) Migration with device-id-strategy: pci: foreign IDs counted, new pods get the free EFAs 3 times",
         since: None,
+        before: None,
         run: Run::Cluster(migration::pci),
     },
     Case {
         id: "15",
         label: "(15) CloudWatch's lookup: PodResources names the holder of each ibdev",
         since: None,
+        before: None,
         run: Run::Cluster(migration::cloudwatch),
     },
     Case {
         id: "16",
         label: "(16) extra-device-nodes: a Job sees /dev/gdrdrv next to exactly its 2 uverbs nodes",
         since: None,
+        before: None,
         run: Run::Cluster(gdrdrv::extra_device_nodes),
+    },
+    // The DRA handoff on efa-a alone, before the fleet: with DRAExtendedResource (on by default
+    // from 1.36) the scheduler hands the resource to DRA, without it nothing serves it.
+    Case {
+        id: "D1",
+        label: "(D1) DRA handoff, documented order: cordon, drain, driver in; same spec through DRA; plugin leaves by label",
+        since: Some(DRA_EXTENDED_RESOURCE),
+        before: None,
+        run: Run::Cluster(dra::handoff),
+    },
+    Case {
+        id: "D2",
+        label: "(D2) DRA handoff unsafe: driver in while P1 holds an EFA; warning, held_devices, whom DRA gives P1's EFA",
+        since: Some(DRA_EXTENDED_RESOURCE),
+        before: None,
+        run: Run::Cluster(dra::unsafe_handoff),
+    },
+    Case {
+        id: "D3",
+        label: "(D3) DRA hand back: drain, driver out; guard clears, same spec through the plugin",
+        since: Some(DRA_EXTENDED_RESOURCE),
+        before: None,
+        run: Run::Cluster(dra::hand_back),
+    },
+    Case {
+        id: "D5",
+        label: "(D5) DRA handoff, then a kubelet restart: does the same spec's new pod start through DRA (PR #141426)",
+        since: Some(DRA_EXTENDED_RESOURCE),
+        before: None,
+        run: Run::Cluster(dra::restart_handoff),
+    },
+    Case {
+        id: "D4",
+        label: "(D4) no DRAExtendedResource: with the DRA driver present the same pod stays Pending",
+        since: None,
+        before: Some(DRA_EXTENDED_RESOURCE),
+        run: Run::Cluster(dra::no_bridge),
     },
     Case {
         id: "A1",
         label: "(A1) arm64 image: kustomize install, the plugin runs as arm64, Ready, allocatable 4",
         since: None,
+        before: None,
         run: Run::Cluster(arm64::install),
     },
     Case {
         id: "A2",
         label: "(A2) arm64 plugin: Job limited to 2 is scheduled, sees exactly its 2 uverbs nodes, completes",
         since: None,
+        before: None,
         run: Run::Cluster(arm64::job),
     },
     Case {
         id: "A3",
         label: "(A3) arm64 plugin: kubectl exec list in the plugin pod prints 4 devices",
         since: None,
+        before: None,
         run: Run::Cluster(arm64::operator_cli),
     },
     Case {
         id: "A4",
         label: "(A4) arm64 plugin: metrics over the pod IP, efa_device_allocation names the holder",
         since: None,
+        before: None,
         run: Run::Cluster(arm64::metrics),
     },
     // The fleet's cases, in the order the suite's bash ran them, before the runner's others.
@@ -453,72 +534,84 @@ pub const CASES: &[Case] = &[
         id: "F5",
         label: "(F5) a node that joins late: node Ready to plugin, allocatable and a waiting pod Running, this plugin and the AWS stand-in",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::late_join),
     },
     Case {
         id: "F6",
         label: "(F6) efa-a rebooted: kubelet start to Register, and what became of the pods holding EFAs there",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::efa_a_rebooted),
     },
     Case {
         id: "F1",
         label: "(F1) one plugin per node: chart defaults, Ready on all 3 nodes, each node's own IDs and count",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::one_plugin_per_node),
     },
     Case {
         id: "F2",
         label: "(F2) labelled mode, chart and kustomize: plugin pods only on labelled nodes; a label added starts one, removed stops it",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::labelled_scope),
     },
     Case {
         id: "F3",
         label: "(F3) placement: 5 lands on efa-b, 17 stays Pending though the fleet has 20, pods of 4 fill efa-a with one",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::placement),
     },
     Case {
         id: "F4",
         label: "(F4) rollout across nodes: never two nodes without a plugin, allocatable back, holders keep their devices",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::rollout),
     },
     Case {
         id: "F7",
         label: "(F7) isolation: efa-a's kubelet restarted and plugin killed; efa-b's allocatable, holder and registrations unchanged",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::isolation),
     },
     Case {
         id: "F8",
         label: "(F8) one Prometheus, every node's plugin: each names its own node's holders; the README's queries per pod and per node",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::one_prometheus),
     },
     Case {
         id: "F9",
         label: "(F9) drain efa-a: the Deployment's replacement runs on efa-b with its EFAs; uncordoned, efa-a back to 4",
         since: None,
+        before: None,
         run: Run::Cluster(fleet::drain),
     },
     Case {
         id: "E1",
         label: "(E1) admin queue closed on efa-b: a held and a free EFA leave allocatable, the holder runs on Unhealthy, EfaAdminCommandTimeouts names it; probed again, one comes back; cmds_err alone only alerts",
         since: None,
+        before: None,
         run: Run::Cluster(cluster_health::admin_queue_closed),
     },
     Case {
         id: "F10",
         label: "(F10) node mode survives reboots: efa-a power-cycled with 4 pods bound each time, node mode before the kubelet refuses none; the DaemonSet is measured beside it",
         since: None,
+        before: None,
         run: Run::Cluster(reboots::node_mode_survives_reboots),
     },
     Case {
         id: "F11",
         label: "(F11) one plugin per node: node mode on labelled efa-a, no DaemonSet pod there; unlabelled, the DaemonSet's pod comes second and never registers, allocations stay single",
         since: None,
+        before: None,
         run: Run::Cluster(node_mode::one_plugin_per_node),
     },
 ];
@@ -1076,9 +1169,34 @@ mod tests {
 
     #[test]
     fn a_case_since_a_version_runs_from_it_on() {
-        assert!(runs_at(Some("v1.36"), "v1.36.3"));
-        assert!(runs_at(Some("v1.36"), "v1.38.0-beta.0"));
-        assert!(!runs_at(Some("v1.36"), "v1.34.4"));
-        assert!(runs_at(None, "v1.34.4"));
+        assert!(runs_at(Some("v1.36"), None, "v1.36.3"));
+        assert!(runs_at(Some("v1.36"), None, "v1.38.0-beta.0"));
+        assert!(!runs_at(Some("v1.36"), None, "v1.34.4"));
+        assert!(runs_at(None, None, "v1.34.4"));
+    }
+
+    #[test]
+    fn a_case_before_a_version_runs_up_to_the_one_before_it() {
+        assert!(runs_at(None, Some("v1.36"), "v1.34.4"));
+        assert!(runs_at(None, Some("v1.36"), "v1.35.0"));
+        assert!(!runs_at(None, Some("v1.36"), "v1.36.3"));
+        assert!(!runs_at(None, Some("v1.36"), "v1.37.2"));
+        assert!(runs_at(Some("v1.35"), Some("v1.37"), "v1.36.3"));
+        assert!(!runs_at(Some("v1.35"), Some("v1.37"), "v1.34.4"));
+        assert!(runs_at(None, Some("v1.36"), "unparsed"));
+    }
+
+    #[test]
+    fn the_dra_cases_split_at_dra_extended_resource() {
+        let at = |version: &str| -> Vec<&str> {
+            CASES
+                .iter()
+                .filter(|case| case.id.starts_with('D'))
+                .filter(|case| runs_at(case.since, case.before, version))
+                .map(|case| case.id)
+                .collect()
+        };
+        assert_eq!(at("v1.34.4"), ["D4"]);
+        assert_eq!(at("v1.37.2"), ["D1", "D2", "D3", "D5"]);
     }
 }

@@ -215,6 +215,7 @@ fn run(args: &Args) -> Result<Tally> {
                 kubelet: args.kubelet.clone(),
                 plugin: args.plugin.clone(),
                 counters: None,
+                kube_version: args.kube_version.clone(),
             };
             run_cases(args, &mut cluster)
         }
@@ -231,7 +232,7 @@ fn run_cases<F: Fixture>(args: &Args, fixture: &mut F) -> Result<Tally> {
     let cases = CASES.iter().filter_map(|case| {
         let body = F::body(case.run)?;
         let in_group = args.ids.as_ref().is_none_or(|ids| ids.is_match(case.id));
-        (in_group && runs_at(case.since, &args.kube_version)).then_some((case, body))
+        (in_group && runs_at(case.since, case.before, &args.kube_version)).then_some((case, body))
     });
     for (case, body) in cases {
         if args

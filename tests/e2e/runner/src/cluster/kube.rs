@@ -5,6 +5,7 @@ use std::io::Write;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
@@ -18,6 +19,7 @@ use crate::wait::{secs, wait_for};
 
 /// Where the chart and the manifests run the plugin, and the label they give its pods.
 const PLUGIN_NAMESPACE: &str = "kube-system";
+const PLUGIN_DAEMONSET: &str = "efa-device-plugin";
 const PLUGIN_LABEL: (&str, &str) = ("app.kubernetes.io/name", "efa-device-plugin");
 
 /// The label selector of the plugin's pods.
@@ -101,10 +103,23 @@ pub struct PodStatus {
     pub reason: String,
     #[serde(default, rename = "podIP")]
     pub pod_ip: String,
+    /// Why, in words, next to `reason`.
+    #[serde(default)]
+    pub message: String,
     #[serde(default)]
     pub conditions: Vec<Condition>,
     #[serde(default)]
     pub container_statuses: Vec<ContainerStatus>,
+    /// KEP-5004: the claim the scheduler made for the pod's extended resources, when it handed
+    /// them to DRA.
+    #[serde(default)]
+    pub extended_resource_claim_status: Option<ExtendedResourceClaimStatus>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ExtendedResourceClaimStatus {
+    pub resource_claim_name: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -141,6 +156,18 @@ pub struct ContainerState {
     /// Set while the container runs.
     #[serde(default)]
     pub running: Option<Value>,
+    /// Set while the container is not running: why (`CreateContainerError`, ...) and what the
+    /// runtime said.
+    #[serde(default)]
+    pub waiting: Option<Waiting>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Waiting {
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -231,6 +258,23 @@ impl Pod {
                 .any(|condition| condition.kind == "Ready" && condition.status == "True")
     }
 
+    /// The claim the scheduler made for its extended resources through DRA, if it did.
+    pub fn extended_claim(&self) -> Option<&str> {
+        self.status
+            .extended_resource_claim_status
+            .as_ref()
+            .map(|status| status.resource_claim_name.as_str())
+            .filter(|name| !name.is_empty())
+    }
+
+    /// Why its first container is not running, if it is not.
+    pub fn waiting(&self) -> Option<&Waiting> {
+        self.status
+            .container_statuses
+            .first()
+            .and_then(|container| container.state.waiting.as_ref())
+    }
+
     /// Pending because the scheduler finds too few of `resource` on every node.
     pub fn pending_for(&self, resource: &str) -> bool {
         self.status.phase == "Pending"
@@ -261,11 +305,13 @@ pub struct Node {
 pub struct NodeStatus {
     #[serde(default)]
     pub allocatable: BTreeMap<String, String>,
+    #[serde(default)]
+    pub capacity: BTreeMap<String, String>,
 }
 
 #[derive(Debug, Deserialize)]
-struct List<T> {
-    items: Vec<T>,
+pub struct List<T> {
+    pub items: Vec<T>,
 }
 
 /// An item of a List of several kinds (`kubectl get nodes,pods`).
@@ -273,7 +319,8 @@ struct List<T> {
 #[serde(tag = "kind")]
 pub enum Object {
     Node(Node),
-    Pod(Pod),
+    // Boxed: a pod's statuses make it twice a node's size.
+    Pod(Box<Pod>),
 }
 
 #[derive(Debug, Deserialize)]
@@ -342,7 +389,8 @@ impl Kube {
         Ok(())
     }
 
-    fn get<T: DeserializeOwned>(&self, args: &[&str]) -> Result<T> {
+    /// `kubectl ARGS -o json`, read as `T`.
+    pub fn get<T: DeserializeOwned>(&self, args: &[&str]) -> Result<T> {
         let mut args = args.to_vec();
         args.extend(["-o", "json"]);
         let out = self.run(&args)?;
@@ -393,6 +441,20 @@ impl Kube {
             selector,
             &["--field-selector", &format!("spec.nodeName={node}")],
         )
+    }
+
+    /// `kubectl rollout status` of the plugin's DaemonSet, as docs/migration.md's step 3 checks
+    /// it: every node's pod updated and Ready within `timeout`.
+    pub fn plugin_rolled_out(&self, timeout: Duration) -> Result<()> {
+        self.run(&[
+            "rollout",
+            "status",
+            "-n",
+            PLUGIN_NAMESPACE,
+            &format!("daemonset/{PLUGIN_DAEMONSET}"),
+            &format!("--timeout={}s", timeout.as_secs()),
+        ])
+        .map(drop)
     }
 
     /// The plugin's pods on every node.
@@ -531,15 +593,13 @@ impl Kube {
     /// How many of `resource` the node offers; `None` when it lists none.
     pub fn allocatable(&self, node: &str, resource: &str) -> Result<Option<u64>> {
         let node: Node = self.get(&["get", "node", node])?;
-        node.status
-            .allocatable
-            .get(resource)
-            .map(|count| {
-                count
-                    .parse()
-                    .with_context(|| format!("allocatable {count}"))
-            })
-            .transpose()
+        count_of(&node.status.allocatable, resource, "allocatable")
+    }
+
+    /// How many of `resource` the node has, offered or not; `None` when it lists none.
+    pub fn capacity(&self, node: &str, resource: &str) -> Result<Option<u64>> {
+        let node: Node = self.get(&["get", "node", node])?;
+        count_of(&node.status.capacity, resource, "capacity")
     }
 
     /// Whether `node` offers `count` of `resource` at each of `seconds` samples a second apart.
@@ -623,6 +683,14 @@ impl Kube {
             Err(err) => format!("(no events: {err:#})"),
         }
     }
+}
+
+/// The count of `resource` in a node's `allocatable` or `capacity` (`which`).
+fn count_of(counts: &BTreeMap<String, String>, resource: &str, which: &str) -> Result<Option<u64>> {
+    counts
+        .get(resource)
+        .map(|count| count.parse().with_context(|| format!("{which} {count}")))
+        .transpose()
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@ use anyhow::{Context, Result, anyhow, bail, ensure};
 use super::fleet::watch::{Sample, watching_every};
 use super::fleet::{Held, node_efas, start_pod, summary, uverbs_entry};
 use super::kube::Pod;
-use super::single_node::{EFAS, NODE};
+use super::single_node::{
+    EFAS, NODE, OURS_RELEASE as RELEASE, allocatable_settles, between_resets,
+};
 use super::workload::Placement;
 use super::{Cluster, Host, Kube, NODE_STATUS_PERIOD, pod_resources};
 use crate::cases::Detail;
@@ -32,10 +34,6 @@ const HOLDER: &str = "mig-h";
 const NEW: &str = "mig-n";
 /// The label the AWS chart gives the stand-in's pods (its release's name).
 const STANDIN: &str = "name=aws-efa-k8s-device-plugin";
-/// The release docs/migration.md installs.
-const RELEASE: &str = "efa-device-plugin";
-/// Its DaemonSet, as docs/migration.md checks its rollout.
-const DAEMONSET: &str = "daemonset/efa-device-plugin";
 /// Where efa-a's kubelet serves PodResources, which CloudWatch's agent asks.
 const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 /// How long the allocatable sampler sleeps between answers: the Node's figure changes only
@@ -314,17 +312,12 @@ pub fn cloudwatch(cluster: &mut Cluster) -> Result<Detail> {
     })
 }
 
-/// `body` between two resets of the node: no pod in `default`, neither plugin installed.
+/// `body` on a clean node: no pod in `default`, neither plugin installed ([`reset`]).
 fn on_clean_node(
     cluster: &mut Cluster,
     body: impl FnOnce(&mut Cluster) -> Result<Detail>,
 ) -> Result<Detail> {
-    reset(cluster)?;
-    let outcome = body(cluster);
-    let cleaned = reset(cluster);
-    let detail = outcome?;
-    cleaned.context("leaving efa-a with neither plugin")?;
-    Ok(detail)
+    between_resets(cluster, reset, body)
 }
 
 fn reset(cluster: &mut Cluster) -> Result<()> {
@@ -355,7 +348,7 @@ fn standin_with_holder(cluster: &mut Cluster) -> Result<Held> {
             summary(&kube.system_pods(STANDIN, NODE).unwrap_or_default())
         )
     })?;
-    allocatable_settles(kube, "with the stand-in")?;
+    allocatable_settles(kube, EFAS, "with the stand-in")?;
     let want = ibdevs(cluster)?;
     let registered = cluster.checkpoint(NODE)?.registered(RESOURCE);
     ensure!(
@@ -369,27 +362,9 @@ fn standin_with_holder(cluster: &mut Cluster) -> Result<Held> {
 
 /// The check of docs/migration.md's step 3, then allocatable back at 4.
 fn rolled_out(kube: &Kube) -> Result<()> {
-    kube.run(&[
-        "rollout",
-        "status",
-        "-n",
-        "kube-system",
-        DAEMONSET,
-        "--timeout=120s",
-    ])
-    .with_context(|| format!("rollout status of {DAEMONSET} did not succeed within 120s"))?;
-    allocatable_settles(kube, "after the install")
-}
-
-/// Allocatable reaches 4 within a node-status period and 30 s; `when` says in which state.
-fn allocatable_settles(kube: &Kube, when: &str) -> Result<()> {
-    let allocatable = || kube.allocatable(NODE, RESOURCE).ok().flatten();
-    wait_until(
-        &format!("{NODE} at {EFAS} allocatable {when}"),
-        NODE_STATUS_PERIOD + secs(30),
-        || allocatable() == Some(EFAS),
-    )
-    .map_err(|err| anyhow!("{err}: {:?}", allocatable()))
+    kube.plugin_rolled_out(secs(120))
+        .context("the plugin's rollout did not succeed within 120s")?;
+    allocatable_settles(kube, EFAS, "after the install")
 }
 
 /// efa-a's EFAs by ibdev name, sorted, as testkit's p4d lays them out and the node's tree has

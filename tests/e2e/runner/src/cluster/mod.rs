@@ -5,6 +5,7 @@
 pub mod arm64;
 pub mod cdi;
 mod counters;
+pub mod dra;
 pub mod fleet;
 pub mod gdrdrv;
 pub mod health;
@@ -62,6 +63,8 @@ pub struct Cluster {
     pub plugin: PathBuf,
     /// `efa-a`'s counters rising, once a case asked for them; they stop with the runner.
     pub counters: Option<RisingCounters>,
+    /// The Kubernetes version of every component, `v1.34.4`.
+    pub kube_version: String,
 }
 
 impl Cluster {

@@ -199,14 +199,7 @@ fn prometheus(cluster: &mut Cluster) -> Result<Prometheus> {
 fn restart_plugin(cluster: &Cluster) -> Result<()> {
     let kube = &cluster.kube;
     kube.run(&["rollout", "restart", "-n", PLUGIN_NAMESPACE, DAEMONSET])?;
-    kube.run(&[
-        "rollout",
-        "status",
-        "-n",
-        PLUGIN_NAMESPACE,
-        DAEMONSET,
-        "--timeout=120s",
-    ])?;
+    kube.plugin_rolled_out(secs(120))?;
     back_to_all(
         cluster,
         "after the plugin's restart",

@@ -10,9 +10,10 @@ use anyhow::{Context, Result, anyhow, ensure};
 use efa_device_plugin::testkit::simulate::FakeDevice;
 
 use super::fleet::{EFA_A, Held, check_devices, node_efas, start_pod, summary, uverbs_entries};
-use super::kube::Pod;
+use super::kube::{Kube, Pod};
 use super::workload::{Placement, short_job};
 use super::{Cluster, NODE_STATUS_PERIOD, pod_spec};
+use crate::cases::Detail;
 use crate::node::RESOURCE;
 use crate::wait::{secs, wait_for, wait_until};
 
@@ -22,6 +23,8 @@ pub const EFAS: u64 = 4;
 /// The long-running pod with 2 EFAs that the cases reading a running pod share, as a new pod
 /// would cost a scheduling round each.
 pub const HOLDER: &str = "holder";
+/// The release of this chart that the README and docs/migration.md install.
+pub const OURS_RELEASE: &str = "efa-device-plugin";
 /// The pod network (`POD_SUBNET` in cluster.sh), whose first address is the node's own.
 const POD_NETWORK: [u8; 3] = [198, 18, 0];
 /// The image the suite builds, imported under this name; its arm64 half alone is `IMAGE-arm64`.
@@ -154,22 +157,23 @@ pub fn installed_ok(cluster: &mut Cluster, shipped: &[serde_json::Value]) -> Res
         got == want,
         "plugin pod's securityContext differs from the shipped one: got {got}, want {want}"
     );
-    allocatable_settles(cluster, EFAS, "with the shipped securityContext")?;
+    allocatable_settles(&cluster.kube, EFAS, "with the shipped securityContext")?;
     Ok(pod)
 }
 
 /// `efa-a`'s allocatable reaches `count` within a node-status period and 30 s; otherwise the
 /// error says what it is `when`.
-pub fn allocatable_settles(cluster: &Cluster, count: u64, when: &str) -> Result<()> {
+pub fn allocatable_settles(kube: &Kube, count: u64, when: &str) -> Result<()> {
+    let allocatable = || kube.allocatable(NODE, RESOURCE).ok().flatten();
     wait_until(
         &format!("{NODE} at {count} allocatable"),
         NODE_STATUS_PERIOD + secs(30),
-        || allocatable(cluster) == Some(count),
+        || allocatable() == Some(count),
     )
     .map_err(|err| {
         anyhow!(
             "{err}: node allocatable {RESOURCE} is {} {when}, want {count}",
-            shown(allocatable(cluster))
+            shown(allocatable())
         )
     })
 }
@@ -262,4 +266,19 @@ pub fn running_job_pod(cluster: &Cluster, name: &str) -> Result<Pod> {
 pub fn kept_log(cluster: &Cluster, name: &str) -> Result<String> {
     let path = cluster.run.join(format!("logs/pod-{name}.log"));
     fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
+}
+
+/// `body` between two runs of `reset`, which leaves `efa-a` as a group of cases starts from:
+/// the first's failure fails the case before it starts, the second's only when `body` passed.
+pub fn between_resets(
+    cluster: &mut Cluster,
+    reset: fn(&mut Cluster) -> Result<()>,
+    body: impl FnOnce(&mut Cluster) -> Result<Detail>,
+) -> Result<Detail> {
+    reset(cluster).context("resetting efa-a before the case")?;
+    let outcome = body(cluster);
+    let after = reset(cluster);
+    let detail = outcome?;
+    after.context("resetting efa-a after the case")?;
+    Ok(detail)
 }

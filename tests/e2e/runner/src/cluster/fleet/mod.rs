@@ -44,7 +44,7 @@ const PLAIN: &str = "plain";
 /// out) and how many it offers.
 pub(super) struct FleetNode {
     pub(super) name: &'static str,
-    shape: Shape,
+    pub(super) shape: Shape,
     pub(super) efas: u64,
 }
 

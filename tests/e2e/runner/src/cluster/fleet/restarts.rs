@@ -53,14 +53,7 @@ fn upgraded(cluster: &mut Cluster) -> Result<Detail> {
             .context("helm upgrade")?;
         cluster
             .kube
-            .run(&[
-                "rollout",
-                "status",
-                "-n",
-                "kube-system",
-                "daemonset/efa-device-plugin",
-                "--timeout=300s",
-            ])
+            .plugin_rolled_out(secs(300))
             .context("the rollout did not complete within 300s")?;
         cluster.host.request("serving", &NAMES)?;
         sleep(secs(2));
