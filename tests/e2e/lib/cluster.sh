@@ -13,6 +13,9 @@ STANDIN_RELEASE=aws-efa-k8s-device-plugin
 # The label nodeScope.mode=labelled keeps the plugin to.
 SCOPE_LABEL=efa-device-plugin/enabled
 
+# The extended resource the plugin advertises EFAs as.
+RESOURCE=vpc.amazonaws.com/efa
+
 k() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
 kns() { k -n "$NS" "$@"; }
 helm() { "$HELM" --kubeconfig "$KUBECONFIG" "$@"; }
@@ -213,10 +216,6 @@ plugin_events() {
 		tail -3 | paste -sd'|'
 }
 
-failed_scheduling() { pod_events "$1" | grep -q "FailedScheduling: .*Insufficient $RESOURCE"; }
-
-now_ms() { date +%s%3N; }
-
 pod_events() {
 	k get events --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null |
 		paste -sd'|'
@@ -316,4 +315,10 @@ ensure_holder() {
 	ensure_plugin || return 1
 	pod_phase_is holder Running || start_pod holder 2 || return 1
 	read -ra HOLDER_IDS <<<"$(allocated_ids "$(pod_field holder '{.metadata.uid}')")"
+}
+
+# "c MAJOR MINOR NAME" for each entry of a busybox `ls -l` listing on stdin;
+# other output lines are skipped.
+listing_entries() {
+	awk '$1 != "total" && NF >= 6 { t = substr($1, 1, 1); maj = $5; sub(",", "", maj); print t, maj, $6, $NF }' | sort
 }

@@ -10,7 +10,6 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 source "$HERE/lib/build.sh"
 source "$HERE/lib/host.sh"
-source "$HERE/lib/fake-efa.sh"
 
 # claim_host: root and the host-wide lock, then the cache dir; fails the
 # setup otherwise.
