@@ -310,7 +310,7 @@ cluster_cases() {
 # it. The runner asks the suite for the infrastructure it keeps through two
 # FIFOs, one request at a time (see host_request); its tally joins the suite's.
 runner_cases() {
-	local dir=$T/runner line rc pid passed failed skipped
+	local dir=$T/runner line partial='' rc pid passed failed skipped
 	local -a group=()
 	[[ -n ${1:-} ]] && group=(--ids "$1")
 	if ! { mkdir -p "$dir" && { [[ -p $dir/requests ]] || mkfifo "$dir/requests"; } &&
@@ -328,7 +328,13 @@ runner_cases() {
 		--requests "$dir/requests" --replies "$dir/replies" "${group[@]}" 7<&- 8<&- 9>&- &
 	pid=$!
 	while alive "$pid"; do
-		IFS= read -r -t 1 -u 7 line || continue
+		# A read its timeout cuts short leaves what it had of the line in line:
+		# the start of the next request, kept for it rather than lost.
+		if ! IFS= read -r -t 1 -u 7 line; then
+			partial+=$line
+			continue
+		fi
+		line=$partial$line partial=''
 		# shellcheck disable=SC2086 # a request is words: VERB ARG...
 		host_request $line >"$dir/reply" 2>>"$T/logs/host-requests.log"
 		rc=$?
