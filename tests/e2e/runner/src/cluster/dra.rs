@@ -102,16 +102,7 @@ fn reset(cluster: &mut Cluster) -> Result<()> {
     let kube = &cluster.kube;
     let steps = [
         kube.run(&["uncordon", NODE]).map(drop),
-        kube.run(&[
-            "delete",
-            "pods",
-            "--all",
-            "-n",
-            "default",
-            "--wait",
-            "--timeout=60s",
-        ])
-        .map(drop),
+        kube.delete_all_pods(),
         cluster.host.request("dra_standin_down", &[]).map(drop),
         cluster
             .kube

@@ -632,6 +632,21 @@ impl Kube {
         .map_err(|err| anyhow!("{err}: {}", self.events_of(name)))
     }
 
+    /// Deletes every pod of `default`, as a case that starts from a clean node needs, waiting
+    /// until they are gone, 60 s at most.
+    pub fn delete_all_pods(&self) -> Result<()> {
+        self.run(&[
+            "delete",
+            "pods",
+            "--all",
+            "-n",
+            "default",
+            "--wait",
+            "--timeout=60s",
+        ])
+        .map(drop)
+    }
+
     /// Deletes the pods of `default` named, waiting until they are gone.
     pub fn delete_pods(&self, names: &[&str]) -> Result<()> {
         let mut args = vec![

@@ -321,15 +321,7 @@ fn on_clean_node(
 }
 
 fn reset(cluster: &mut Cluster) -> Result<()> {
-    cluster.kube.run(&[
-        "delete",
-        "pods",
-        "--all",
-        "-n",
-        "default",
-        "--wait",
-        "--timeout=60s",
-    ])?;
+    cluster.kube.delete_all_pods()?;
     cluster.host.request("standin_uninstall", &[])?;
     cluster.host.request("uninstall", &[]).map(drop)
 }
