@@ -31,7 +31,6 @@ source "$HERE/cluster/migration.sh"
 source "$HERE/cluster/dra.sh"
 source "$HERE/cluster/arm64.sh"
 source "$HERE/cluster/fleet.sh"
-source "$HERE/cluster/soak.sh"
 NS=kube-system
 DS=efa-device-plugin
 IMAGE=localhost/efa-device-plugin:e2e
@@ -300,19 +299,14 @@ cleanup() {
 	[[ -z $DEV_PROPAGATION || $DEV_PROPAGATION == shared* ]] || mount "--make-$DEV_PROPAGATION" /dev
 }
 
-cluster_cases() {
-	runner_cases '[0-9]+|[PDAEF][0-9]+'
-	soak_cases
-}
+cluster_cases() { runner_cases; }
 
-# runner_cases [IDS]: the cases the typed runner (tests/e2e/runner) holds (those
-# whose ID matches the regex IDS), run on the cluster as the cases before left
-# it. The runner asks the suite for the infrastructure it keeps through two
-# FIFOs, one request at a time (see host_request); its tally joins the suite's.
+# runner_cases: the cases, which the typed runner (tests/e2e/runner) holds, on the
+# cluster setup brought up. The runner asks the suite for the infrastructure it
+# keeps through two FIFOs, one request at a time (see host_request); its tally
+# is the suite's.
 runner_cases() {
 	local dir=$T/runner line partial='' rc pid passed failed skipped
-	local -a group=()
-	[[ -n ${1:-} ]] && group=(--ids "$1")
 	if ! { mkdir -p "$dir" && { [[ -p $dir/requests ]] || mkfifo "$dir/requests"; } &&
 		{ [[ -p $dir/replies ]] || mkfifo "$dir/replies"; }; }; then
 		echo "FAIL (runner) cannot make its FIFOs in $dir"
@@ -325,7 +319,7 @@ runner_cases() {
 	exec 7<>"$dir/requests" 8<>"$dir/replies"
 	"$RUNNER" --suite cluster --run-dir "$T" --repo "$REPO" --kubelet "$BIN/kubelet" --plugin "$PLUGIN" \
 		--kube-version "$KUBE_VERSION" --kubectl "$BIN/kubectl" --kubeconfig "$KUBECONFIG" \
-		--requests "$dir/requests" --replies "$dir/replies" "${group[@]}" 7<&- 8<&- 9>&- &
+		--requests "$dir/requests" --replies "$dir/replies" 7<&- 8<&- 9>&- &
 	pid=$!
 	while alive "$pid"; do
 		# A read its timeout cuts short leaves what it had of the line in line:
@@ -405,6 +399,8 @@ host_request() {
 	dra_standin_down) dra_standin_down ;;
 	# Where the host sees what node ARG1 sees at path ARG2.
 	host_path) node_host_path "$@" ;;
+	# The cgroup root node ARG1's kubelet puts its pods under.
+	cgroup_root) node_cgroup_root "$1" ;;
 	# A power cycle of node ARG1 in steps, so that the runner can start node
 	# mode between containerd and the kubelet: everything stopped (the
 	# containers killed, /run emptied), then containerd, then the kubelet

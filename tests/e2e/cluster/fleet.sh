@@ -9,9 +9,9 @@
 # late node and the AWS plugin's stand-in through cluster.sh's host_request.
 #
 # Sourced by cluster.sh; besides lib/cluster.sh's helpers it uses
-# migration.sh's stand-in. The fleet comes up with the first fleet_chart (the
-# runner's chart request, or the soak's) and stays up to the end of the run, so the single-node cases, which run before,
-# see efa-a alone.
+# migration.sh's stand-in. The fleet comes up with the runner's first chart
+# request and stays up to the end of the run, so the single-node cases, which
+# run before, see efa-a alone.
 
 FLEET_B=efa-b
 FLEET_PLAIN=plain
@@ -96,9 +96,6 @@ install_labelled_kustomize() {
 	return 1
 }
 
-# since_ms START: milliseconds since START, an $EPOCHREALTIME (the soak's).
-since_ms() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%d", (b - a) * 1000 }'; }
-
 # join_node NODE: NODE, a p4d, joins in the slot after the fleet's and is Ready
 # (the runner's F5); it stays until remove_node.
 join_node() {
@@ -131,8 +128,3 @@ fleet_standin_uninstall() {
 	standin_uninstall
 }
 
-# registration_logged LOG MARK: the first line after line MARK of the kubelet
-# LOG that records a registration of the plugin's resource (the soak's).
-registration_logged() {
-	tail -n +"$(($2 + 1))" "$1" | grep -m1 "Got registration request from device plugin with resource.*$RESOURCE"
-}

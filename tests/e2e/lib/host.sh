@@ -21,11 +21,10 @@ declare -A SYSCTL_VALUE=()
 # Paths moved aside for the run and put back by restore_host_state.
 declare -A MOVED_ASIDE=()
 
+# The suite's tally: the runner's, and a setup that failed.
 PASSED=0
 FAILED=0
-# Why the running case failed, and what it measured, for its one line.
-REASON=
-CASE_DETAIL=
+SKIPPED=0
 
 note() { printf '# %s\n' "$*" >&2; }
 
@@ -33,28 +32,6 @@ fail_setup() {
 	echo "FAIL (setup) $*"
 	FAILED=$((FAILED + 1))
 	exit 1
-}
-
-# run_case LABEL FN: runs one case and prints its line. With EFA_DP_E2E_CASES set to a
-# regex, a case whose label does not match is skipped: a shortcut while working on a
-# few cases, each of which sets up what it needs.
-SKIPPED=0
-run_case() {
-	local label=$1 fn=$2 start=$SECONDS
-	if [[ -n ${EFA_DP_E2E_CASES:-} && ! $label =~ $EFA_DP_E2E_CASES ]]; then
-		SKIPPED=$((SKIPPED + 1))
-		return 0
-	fi
-	REASON=
-	CASE_DETAIL=
-	note "case $label"
-	if "$fn"; then
-		echo "ok   $label ($((SECONDS - start))s)${CASE_DETAIL:+: $CASE_DETAIL}"
-		PASSED=$((PASSED + 1))
-	else
-		echo "FAIL $label: ${REASON:-failed}"
-		FAILED=$((FAILED + 1))
-	fi
 }
 
 # The EXIT trap of a suite: cleans up, keeps the logs, and prints "N passed, M failed" last.
@@ -72,8 +49,8 @@ finish() {
 		FAILED=1
 	fi
 	echo "$PASSED passed, $FAILED failed${EFA_DP_E2E_CASES:+, $SKIPPED skipped (EFA_DP_E2E_CASES)}"
-	# A bare exit in an EXIT trap keeps the status from before the trap, which is the last
-	# case's run_case: 0 even when an earlier case failed.
+	# A bare exit in an EXIT trap keeps the status from before the trap: 0 when the last
+	# command succeeded, even if a case failed.
 	((FAILED == 0)) && exit 0
 	exit 1
 }

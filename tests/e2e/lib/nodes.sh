@@ -209,13 +209,17 @@ start_node_containerd() {
 	done
 }
 
+# node_cgroup_root NODE: the cgroup root NODE's kubelet puts its pods under; a
+# further node's own (make_node_cgroup_root), the first node's the default.
+node_cgroup_root() { if [[ -n ${NODE_HOLDER[$1]:-} ]]; then echo "/efa-e2e-$1"; else echo /; fi; }
+
 # start_node_kubelet NODE: NODE's kubelet, and NODE Ready. A further node's
 # kubelet has its cgroup root; the first node's keeps the default.
 start_node_kubelet() {
 	local node=$1 home cgroups root=
 	home=$(node_home "$node")
 	cgroups=$(kubelet_cgroup_settings)
-	[[ -n ${NODE_HOLDER[$node]:-} ]] && root="cgroupRoot: /efa-e2e-$node"
+	[[ -n ${NODE_HOLDER[$node]:-} ]] && root="cgroupRoot: $(node_cgroup_root "$node")"
 	mkdir -p "$home/kubelet-config"
 	cat >"$home/kubelet-config/config.yaml" <<-EOF
 		apiVersion: kubelet.config.k8s.io/v1beta1

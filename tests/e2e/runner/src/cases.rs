@@ -614,6 +614,20 @@ pub const CASES: &[Case] = &[
         before: None,
         run: Run::Cluster(node_mode::one_plugin_per_node),
     },
+    Case {
+        id: "S1",
+        label: "(S1) soak: workload churn and seeded day-two events on the fleet in cdi mode; no double booking, PodResources matches the inside",
+        since: None,
+        before: None,
+        run: Run::Cluster(fleet::soak),
+    },
+    Case {
+        id: "S2",
+        label: "(S2) admission burst with PodResources listed hard (kubernetes PR #137534): the detector warns of every double booking the ground truth sees",
+        since: None,
+        before: None,
+        run: Run::Cluster(fleet::burst),
+    },
 ];
 
 fn done() -> Result<Detail> {
@@ -1035,52 +1049,15 @@ mod tests {
         assert!(found.is_empty(), "{}", found.join("\n"));
     }
 
-    /// The IDs of the cases the cluster suite's bash still runs: its `run_case "(ID) …"` lines.
-    fn bash_cluster_ids() -> BTreeSet<String> {
-        let e2e = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let scripts = fs::read_dir(e2e.join("cluster"))
-            .unwrap()
-            .map(|entry| entry.unwrap().path())
-            .chain([e2e.join("cluster.sh")])
-            .filter(|path| path.extension().is_some_and(|ext| ext == "sh"));
-        let mut ids = BTreeSet::new();
-        for script in scripts {
-            for line in fs::read_to_string(&script).unwrap().lines() {
-                if let Some(rest) = line.trim_start().strip_prefix("run_case \"(") {
-                    ids.insert(rest.split_once(')').unwrap().0.to_owned());
-                }
-            }
-        }
-        ids
-    }
-
-    /// Until the cluster suite is all in the runner, its rows in docs/testing.md are checked by
-    /// ID against the runner's cases and bash's together, and the runner's by name.
     #[test]
-    fn docs_list_the_cluster_suites_runner_cases_and_no_other() {
-        let heading = "## End-to-end: what users install, on a real cluster";
-        let runner = table(Suite::Cluster);
-        let bash = bash_cluster_ids();
-        let docs = documented(&testing_md(), heading, "");
-        let named: BTreeSet<Listed> = docs
-            .iter()
-            .filter(|(id, _)| !bash.contains(id))
-            .cloned()
-            .collect();
-        let found = differences(&named, &runner);
-        assert!(found.is_empty(), "{}", found.join("\n"));
-        for (id, _) in &runner {
-            assert!(
-                !bash.contains(id),
-                "case {id} is both the runner's and bash's"
-            );
-        }
-        let rows: BTreeSet<&String> = docs.iter().map(|(id, _)| id).collect();
-        let undocumented: Vec<&String> = bash.iter().filter(|id| !rows.contains(id)).collect();
-        assert!(
-            undocumented.is_empty(),
-            "docs/testing.md lists none of bash's cases {undocumented:?}"
+    fn docs_list_the_cluster_suites_cases_and_no_other() {
+        let docs = documented(
+            &testing_md(),
+            "## End-to-end: what users install, on a real cluster",
+            "",
         );
+        let found = differences(&docs, &table(Suite::Cluster));
+        assert!(found.is_empty(), "{}", found.join("\n"));
     }
 
     #[test]

@@ -17,6 +17,7 @@ mod node;
 mod plugin;
 mod pods;
 mod reboot;
+mod stats;
 mod topology;
 mod wait;
 
@@ -86,15 +87,6 @@ struct Args {
     /// Runs only the cases whose label matches this regex.
     #[arg(long, env = "EFA_DP_E2E_CASES", value_parser = Regex::new)]
     cases: Option<Regex>,
-    /// The group of the suite's cases this run holds: those whose ID matches this regex in
-    /// whole. A suite whose bash still runs cases of its own between the runner's calls the
-    /// runner once per group, in its order; the others are neither run nor counted.
-    #[arg(long, value_parser = whole_match)]
-    ids: Option<Regex>,
-}
-
-fn whole_match(ids: &str) -> Result<Regex, regex::Error> {
-    Regex::new(&format!("^(?:{ids})$"))
 }
 
 /// A line for the suite's log, out of the case lines' way.
@@ -227,12 +219,10 @@ fn run(args: &Args) -> Result<Tally> {
 fn run_cases<F: Fixture>(args: &Args, fixture: &mut F) -> Result<Tally> {
     let mut tally = Tally::default();
     let times_file = args.run_dir.join("logs/case-times.tsv");
-    // An earlier group's times stay ahead of this one's.
-    let mut times = fs::read_to_string(&times_file).unwrap_or_default();
+    let mut times = String::new();
     let cases = CASES.iter().filter_map(|case| {
         let body = F::body(case.run)?;
-        let in_group = args.ids.as_ref().is_none_or(|ids| ids.is_match(case.id));
-        (in_group && runs_at(case.since, case.before, &args.kube_version)).then_some((case, body))
+        runs_at(case.since, case.before, &args.kube_version).then_some((case, body))
     });
     for (case, body) in cases {
         if args
@@ -278,16 +268,4 @@ fn run_cases<F: Fixture>(args: &Args, fixture: &mut F) -> Result<Tally> {
     }
     fixture.stop();
     Ok(tally)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::whole_match;
-
-    #[test]
-    fn a_group_matches_whole_ids() {
-        let group = whole_match("[0-9]+|P[1-6]").unwrap();
-        assert!(group.is_match("12") && group.is_match("P3"));
-        assert!(!group.is_match("F10") && !group.is_match("P10"));
-    }
 }

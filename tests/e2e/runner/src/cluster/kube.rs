@@ -136,6 +136,8 @@ pub struct Condition {
 #[serde(rename_all = "camelCase")]
 pub struct ContainerStatus {
     #[serde(default)]
+    pub name: String,
+    #[serde(default)]
     pub restart_count: u64,
     /// `containerd://ID` once the container exists.
     #[serde(default, rename = "containerID")]
@@ -160,6 +162,26 @@ pub struct ContainerState {
     /// runtime said.
     #[serde(default)]
     pub waiting: Option<Waiting>,
+    /// Set once the container ended: why, and its exit code.
+    #[serde(default)]
+    pub terminated: Option<Terminated>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Terminated {
+    #[serde(default)]
+    pub reason: String,
+    #[serde(default)]
+    pub exit_code: i32,
+}
+
+impl ContainerStatus {
+    /// When the running container started, as the kubelet reports it.
+    pub fn started_at(&self) -> Option<std::time::SystemTime> {
+        let started = self.state.running.as_ref()?.get("startedAt")?.as_str()?;
+        humantime::parse_rfc3339(started).ok()
+    }
 }
 
 #[derive(Debug, Deserialize)]

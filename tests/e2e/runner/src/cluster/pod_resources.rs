@@ -1,6 +1,7 @@
 //! The kubelet's PodResources `List`, through the crate's own client over the kubelet's socket.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -26,6 +27,36 @@ pub fn list(socket: &Path) -> Result<ListPodResourcesResponse> {
             .with_context(|| format!("{}: no answer within 10s", what()))?
             .with_context(what)?;
         Ok(answer.into_inner())
+    })
+}
+
+/// Calls `List` on `socket` `rate` times a second, on one connection, until `stop` is set: how
+/// many calls there were, and how many failed. Each `List` makes the kubelet run
+/// `UpdateAllocatedDevices`, the trigger of kubernetes PR #137534.
+pub fn list_repeatedly(socket: &Path, rate: u32, stop: &AtomicBool) -> Result<(u64, u64)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start a runtime for PodResources")?;
+    runtime.block_on(async {
+        let channel = uds::dial(socket)
+            .await
+            .with_context(|| format!("PodResources on {}", socket.display()))?;
+        let mut client = PodResourcesListerClient::new(channel);
+        let mut tick = tokio::time::interval(Duration::from_secs(1) / rate.max(1));
+        // As a ticker does: a call that took long does not make the next ones come faster.
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let (mut lists, mut failed) = (0, 0);
+        while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            lists += 1;
+            let answer =
+                tokio::time::timeout(LIST_TIMEOUT, client.list(ListPodResourcesRequest {})).await;
+            if !matches!(answer, Ok(Ok(_))) {
+                failed += 1;
+            }
+        }
+        Ok((lists, failed))
     })
 }
 

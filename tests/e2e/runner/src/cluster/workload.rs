@@ -1,4 +1,4 @@
-//! The workloads the cluster cases make, as `lib/workload.py` makes them for the bash cases: one
+//! The workloads the cluster cases make: one
 //! container, "probe" (busybox), asking for some EFAs, listing `/dev/infiniband` (and any further
 //! paths), printing `FI_PROVIDER` (last, so that the listing is whole) and then sleeping as the
 //! container's process.
@@ -110,14 +110,32 @@ pub fn job(name: &str, count: u32, placement: Placement) -> Value {
 /// A Job of one pod asking for `count` EFAs wherever the scheduler finds room, whose container
 /// also lists `also`, sleeps a few seconds and completes; never retried.
 pub fn short_job(name: &str, count: u32, also: &[&str]) -> Value {
-    let script = probe_script(also, JOB_SLEEP);
+    once_job(name, count, &probe_script(also, JOB_SLEEP))
+}
+
+/// A Job of one pod asking for `count` EFAs wherever the scheduler finds room, whose container
+/// completes after `seconds`; never retried.
+pub fn job_sleeping(name: &str, count: u32, seconds: u64) -> Value {
+    once_job(name, count, &probe_script(&[], seconds))
+}
+
+fn once_job(name: &str, count: u32, script: &str) -> Value {
     json!({
         "apiVersion": "batch/v1", "kind": "Job",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"backoffLimit": 0, "template": {
-            "spec": probe_spec(count, "Never", Placement::Anywhere, &script),
+            "spec": probe_spec(count, "Never", Placement::Anywhere, script),
         }},
     })
+}
+
+/// `object`, a Pod or a Job, labelled `key=value`; a Job's pods too.
+pub fn labelled(mut object: Value, key: &str, value: &str) -> Value {
+    object["metadata"]["labels"][key] = json!(value);
+    if object["kind"] == "Job" {
+        object["spec"]["template"]["metadata"]["labels"][key] = json!(value);
+    }
+    object
 }
 
 /// A Deployment of one pod asking for `count` EFAs; its pods carry `app=NAME`.

@@ -13,6 +13,7 @@ use crate::cluster::Cluster;
 use crate::cluster::kube::plugin_selector;
 use crate::cluster::workload::pod_on;
 use crate::node::RESOURCE;
+use crate::stats::median;
 use crate::wait::{secs, wait_until};
 
 /// Joins per plugin: the line gives their medians.
@@ -53,24 +54,20 @@ fn medians(cluster: &mut Cluster, prefix: &str, selector: &str) -> Result<String
     for round in 1..=ROUNDS {
         joins.push(join_once(cluster, &format!("{prefix}-{round}"), selector)?);
     }
-    let of = |figure: fn(&Join) -> Duration| median(joins.iter().map(figure).collect());
+    let of = |figure: fn(&Join) -> Duration| {
+        median(
+            &joins
+                .iter()
+                .map(|join| figure(join).as_secs_f64())
+                .collect::<Vec<_>>(),
+        )
+    };
     Ok(format!(
         "plugin Ready {:.1}s, allocatable {:.1}s, pod Running {:.1}s",
         of(|join| join.plugin),
         of(|join| join.allocatable),
         of(|join| join.running)
     ))
-}
-
-/// The median of `figures`, in seconds: the middle one, or the mean of the middle two.
-fn median(mut figures: Vec<Duration>) -> f64 {
-    figures.sort_unstable();
-    let n = figures.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => figures[n / 2].as_secs_f64(),
-        _ => (figures[n / 2 - 1] + figures[n / 2]).as_secs_f64() / 2.0,
-    }
 }
 
 /// With the pod [`WAITING`] Pending for 2 EFAs on `node`, `node` joins; it and the pod go
@@ -129,17 +126,4 @@ fn measure(cluster: &Cluster, node: &str, selector: &str) -> Result<Join> {
         allocatable,
         running: ready.elapsed(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_median_is_the_middle_figure_or_the_mean_of_the_middle_two() {
-        let ms = |list: &[u64]| list.iter().copied().map(Duration::from_millis).collect();
-        assert_eq!(median(ms(&[3400, 1200, 2100])), 2.1);
-        assert_eq!(median(ms(&[1000, 4000, 2000, 3000])), 2.5);
-        assert!(median(Vec::new()).is_nan());
-    }
 }

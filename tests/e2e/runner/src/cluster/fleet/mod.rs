@@ -4,12 +4,17 @@
 //! brings the fleet up and joins and removes late nodes (`cluster/fleet.sh`); each case
 //! installs the chart anew and pins its pods to the nodes it is about.
 
+mod burst;
 mod join;
 mod labelled;
 mod metrics;
 mod placement;
 mod reboot;
+mod report;
 mod restarts;
+mod seeded;
+mod soak;
+mod truth;
 pub(super) mod watch;
 
 use std::collections::BTreeSet;
@@ -28,12 +33,14 @@ use crate::node::RESOURCE;
 use crate::pods::{joined, listing_entries};
 use crate::wait::{secs, wait_for};
 
+pub use burst::burst;
 pub use join::late_join;
 pub use labelled::labelled_scope;
 pub use metrics::one_prometheus;
 pub use placement::{drain, placement};
 pub use reboot::efa_a_rebooted;
 pub use restarts::{isolation, rollout};
+pub use soak::soak;
 
 /// The node every single-node case runs on, whose fake EFAs are p4d's.
 pub(super) const EFA_A: &str = "efa-a";

@@ -12,6 +12,7 @@ use anyhow::{Result, bail};
 use crate::cluster::Kube;
 use crate::cluster::kube::Object;
 use crate::node::RESOURCE;
+use crate::stats::median;
 
 const PAUSE: Duration = Duration::from_millis(500);
 
@@ -191,15 +192,6 @@ pub fn rollout(samples: &[Sample], want: &[(&str, u64)], bound: Duration) -> Res
         times.last().copied().unwrap_or_default(),
         samples.len()
     ))
-}
-
-/// The median of sorted `values`: the middle one, or the mean of the middle two.
-fn median(values: &[f64]) -> f64 {
-    match values.len() {
-        0 => 0.0,
-        n if n % 2 == 1 => values[n / 2],
-        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
 }
 
 /// Whether `node` offered `count` in every sample: how many there were, or the values it had
