@@ -95,9 +95,7 @@ pub fn job(cluster: &mut Cluster) -> Result<Detail> {
     );
     // The spec goes with the plugin only once the kubelet lists no container holding an EFA:
     // the holder of other cases may still hold two.
-    cluster
-        .kube
-        .run(&["delete", "pods", "--all", "-n", "default", "--wait"])?;
+    cluster.kube.delete_all_pods()?;
     cluster.host.request("helm_uninstall", &[RELEASE])?;
     no_plugin_pod_within_60s(cluster, "after helm uninstall")?;
     ensure!(

@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use efa_device_plugin::testkit::simulate::{FakeDevice, FakeNode, Shape, devices};
 
+use super::fleet::watch::allocatable_stays;
 use super::workload::pod_on;
 use super::{Cluster, NODE_STATUS_PERIOD};
 use crate::cases::Detail;
@@ -261,8 +262,7 @@ fn closed_queues(
     )
     .map_err(|err| anyhow!("{err}: {}", prometheus.alerts(ERRORS_ALERT)))?;
     let to_errors_alert = erred.elapsed();
-    kube.allocatable_stays(NODE, RESOURCE, total - 1, 4)
-        .context("cmds_err alone")?;
+    allocatable_stays(kube, NODE, total - 1, secs(4)).context("cmds_err alone")?;
 
     Ok(format!(
         "{} (held) and {} closed: allocatable {total} -> {} after {:.1}s, {TIMEOUT_ALERT} naming {holder} after {:.1}s, unhealthy_devices{{reason=admin_queue_closed}} 2; {health}; {ALL} Pending; {} probed again: {} after {:.1}s; cmds_err on {}: {ERRORS_ALERT} after {:.1}s, allocatable unchanged",

@@ -624,24 +624,6 @@ impl Kube {
         count_of(&node.status.capacity, resource, "capacity")
     }
 
-    /// Whether `node` offers `count` of `resource` at each of `seconds` samples a second apart.
-    pub fn allocatable_stays(
-        &self,
-        node: &str,
-        resource: &str,
-        count: u64,
-        seconds: u32,
-    ) -> Result<()> {
-        for _ in 0..seconds {
-            std::thread::sleep(std::time::Duration::from_secs(1));
-            let now = self.allocatable(node, resource)?;
-            if now != Some(count) {
-                bail!("{node} offered {now:?} {resource}, want {count} throughout");
-            }
-        }
-        Ok(())
-    }
-
     /// Applies `pod` and waits until it is Running; on a timeout, the reason carries its events.
     pub fn run_pod(&self, pod: &Value) -> Result<Pod> {
         let name = pod["metadata"]["name"]

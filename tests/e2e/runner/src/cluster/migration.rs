@@ -18,7 +18,7 @@ use super::fleet::watch::{Sample, watching_every};
 use super::fleet::{Held, node_efas, start_pod, summary, uverbs_entry};
 use super::kube::Pod;
 use super::single_node::{
-    EFAS, NODE, OURS_RELEASE as RELEASE, allocatable_settles, between_resets,
+    EFAS, NODE, OURS_RELEASE as RELEASE, SETTLES, allocatable_settles, between_resets,
 };
 use super::workload::Placement;
 use super::{Cluster, Host, Kube, NODE_STATUS_PERIOD, pod_resources};
@@ -340,7 +340,7 @@ fn standin_with_holder(cluster: &mut Cluster) -> Result<Held> {
             summary(&kube.system_pods(STANDIN, NODE).unwrap_or_default())
         )
     })?;
-    allocatable_settles(kube, EFAS, "with the stand-in")?;
+    allocatable_settles(kube, EFAS, SETTLES, "with the stand-in")?;
     let want = ibdevs(cluster)?;
     let registered = cluster.checkpoint(NODE)?.registered(RESOURCE);
     ensure!(
@@ -356,7 +356,7 @@ fn standin_with_holder(cluster: &mut Cluster) -> Result<Held> {
 fn rolled_out(kube: &Kube) -> Result<()> {
     kube.plugin_rolled_out(secs(120))
         .context("the plugin's rollout did not succeed within 120s")?;
-    allocatable_settles(kube, EFAS, "after the install")
+    allocatable_settles(kube, EFAS, SETTLES, "after the install")
 }
 
 /// efa-a's EFAs by ibdev name, sorted, as testkit's p4d lays them out and the node's tree has

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 
+use super::fleet::watch::allocatable_stays;
 use super::workload::pod_on;
 use super::{Cluster, Prometheus};
 use crate::cases::Detail;
@@ -189,8 +190,7 @@ fn beside_the_daemonset(
         bail!("node mode exited ({status}) when the DaemonSet's pod came");
     }
     let second = held(SECOND_POD)?;
-    kube.allocatable_stays(NODE, RESOURCE, EFAS, 5)
-        .context("with both plugins")?;
+    allocatable_stays(kube, NODE, EFAS, secs(5)).context("with both plugins")?;
     let again = registrations_in(&kubelet_log, RESOURCE) - before;
     ensure!(
         again == 1,

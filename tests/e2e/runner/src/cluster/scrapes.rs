@@ -16,10 +16,11 @@ use serde::Deserialize;
 use super::counters::RisingCounters;
 use super::fleet::node_efas;
 use super::prometheus::{POD_JOB, Prometheus};
-use super::single_node::{EFAS, HOLDER, Overlay, ensure_holder, ensure_plugin, run_job};
+use super::single_node::{
+    EFAS, HOLDER, Overlay, SETTLES, allocatable_settles, ensure_holder, ensure_plugin, run_job,
+};
 use super::{Cluster, EFA_A, NODE_STATUS_PERIOD};
 use crate::cases::Detail;
-use crate::node::RESOURCE;
 use crate::wait::{secs, wait_for, wait_until};
 
 /// The plugin's namespace and DaemonSet, however the suite installed it.
@@ -200,22 +201,7 @@ fn restart_plugin(cluster: &Cluster) -> Result<()> {
     let kube = &cluster.kube;
     kube.run(&["rollout", "restart", "-n", PLUGIN_NAMESPACE, DAEMONSET])?;
     kube.plugin_rolled_out(secs(120))?;
-    back_to_all(
-        cluster,
-        "after the plugin's restart",
-        NODE_STATUS_PERIOD.as_secs() + 30,
-    )
-}
-
-/// `efa-a` offers all its EFAs within `deadline` seconds.
-fn back_to_all(cluster: &Cluster, when: &str, deadline: u64) -> Result<()> {
-    let allocatable = || cluster.kube.allocatable(EFA_A, RESOURCE).ok().flatten();
-    wait_until(
-        &format!("{EFA_A} back to {EFAS} allocatable {when}"),
-        secs(deadline),
-        || allocatable() == Some(EFAS),
-    )
-    .map_err(|err| anyhow!("{err}: allocatable {:?}", allocatable()))
+    allocatable_settles(kube, EFAS, SETTLES, "after the plugin's restart")
 }
 
 /// The suite's holder, started if it is not running, and the IDs `efa-a`'s kubelet gave it.
@@ -365,10 +351,11 @@ pub fn alert_lifecycle(cluster: &mut Cluster) -> Result<Detail> {
     )
     .map_err(|err| anyhow!("{err}: '{}' after its node returned", state()))?;
     let resolved = back.elapsed().as_secs();
-    back_to_all(
-        cluster,
+    allocatable_settles(
+        &cluster.kube,
+        EFAS,
+        NODE_STATUS_PERIOD + secs(10),
         "after the node returned",
-        NODE_STATUS_PERIOD.as_secs() + 10,
     )?;
     Ok(format!(
         "firing after {fired}s (for: 10s), every dashboard query had data, resolved {resolved}s after the node returned"
@@ -417,10 +404,11 @@ pub fn readme_examples(cluster: &mut Cluster) -> Result<Detail> {
     drop(listener);
     fs::remove_file(&socket).with_context(|| format!("remove {}", socket.display()))?;
     outcome?;
-    back_to_all(
-        cluster,
+    allocatable_settles(
+        &cluster.kube,
+        EFAS,
+        NODE_STATUS_PERIOD + secs(10),
         "after the DRA socket went",
-        NODE_STATUS_PERIOD.as_secs() + 10,
     )?;
     Ok(format!("all {} examples returned results", queries.len()))
 }

@@ -5,6 +5,7 @@
 
 use std::fs;
 use std::net::IpAddr;
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, ensure};
 use efa_device_plugin::testkit::simulate::FakeDevice;
@@ -157,19 +158,26 @@ pub fn installed_ok(cluster: &mut Cluster, shipped: &[serde_json::Value]) -> Res
         got == want,
         "plugin pod's securityContext differs from the shipped one: got {got}, want {want}"
     );
-    allocatable_settles(&cluster.kube, EFAS, "with the shipped securityContext")?;
+    allocatable_settles(
+        &cluster.kube,
+        EFAS,
+        SETTLES,
+        "with the shipped securityContext",
+    )?;
     Ok(pod)
 }
 
-/// `efa-a`'s allocatable reaches `count` within a node-status period and 30 s; otherwise the
-/// error says what it is `when`.
-pub fn allocatable_settles(kube: &Kube, count: u64, when: &str) -> Result<()> {
+/// How long allocatable may take to settle after what moved it: the node's next status report,
+/// and 30 s for the plugin to have said so.
+pub const SETTLES: Duration = Duration::from_secs(NODE_STATUS_PERIOD.as_secs() + 30);
+
+/// `efa-a`'s allocatable reaches `count` within `within`; otherwise the error says what it is
+/// `when`.
+pub fn allocatable_settles(kube: &Kube, count: u64, within: Duration, when: &str) -> Result<()> {
     let allocatable = || kube.allocatable(NODE, RESOURCE).ok().flatten();
-    wait_until(
-        &format!("{NODE} at {count} allocatable"),
-        NODE_STATUS_PERIOD + secs(30),
-        || allocatable() == Some(count),
-    )
+    wait_until(&format!("{NODE} at {count} allocatable"), within, || {
+        allocatable() == Some(count)
+    })
     .map_err(|err| {
         anyhow!(
             "{err}: node allocatable {RESOURCE} is {} {when}, want {count}",

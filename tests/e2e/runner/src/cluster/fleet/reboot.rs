@@ -101,7 +101,7 @@ pub fn efa_a_rebooted(cluster: &mut Cluster) -> Result<Detail> {
     crate::note(&format!("F6 reboot: {detail}"));
     let kube = &cluster.kube;
     kube.delete(&[&format!("deployment/{DEPLOY}")])?;
-    kube.run(&["delete", "pods", "--all", "-n", "default", "--wait"])?;
+    kube.delete_all_pods()?;
     Ok(detail)
 }
 

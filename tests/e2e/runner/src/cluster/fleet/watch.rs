@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 
 use crate::cluster::Kube;
 use crate::cluster::kube::Object;
@@ -214,6 +214,18 @@ pub fn steady(samples: &[Sample], node: &str, count: u64) -> Result<usize> {
         bail!("{}", seen.join(" "));
     }
     Ok(samples.len())
+}
+
+/// Whether `node` offers `count` in every sample taken over `span`: how many there were, or the
+/// values it had.
+pub fn allocatable_stays(kube: &Kube, node: &str, count: u64, span: Duration) -> Result<usize> {
+    let ((), samples) = watching(kube, || thread::sleep(span));
+    steady(&samples, node, count).map_err(|seen| {
+        anyhow!(
+            "{node} offered {seen} over {}s, want {count} throughout",
+            span.as_secs()
+        )
+    })
 }
 
 #[cfg(test)]
