@@ -78,9 +78,14 @@ pub fn burst(cluster: &mut Cluster) -> Result<Detail> {
         let kube = &cluster.kube;
         let deadline = Duration::from_secs(u64::from(pods) * 3 + 60);
         while start.elapsed() < deadline {
+            // A round the API did not answer is skipped: no pods seen is not no pods alive.
+            let Ok(burst_pods) = kube.pods_labelled(&selector()) else {
+                thread::sleep(Duration::from_millis(500));
+                continue;
+            };
             live = 0;
             let mut ended = Vec::new();
-            for pod in kube.pods_labelled(&selector()).unwrap_or_default() {
+            for pod in burst_pods {
                 match pod.status.phase.as_str() {
                     "Pending" | "Running" => live += 1,
                     "Succeeded" => ended.push(pod.metadata.name),
