@@ -360,8 +360,6 @@ host_request() {
 	case $verb in
 	# The fleet up and the chart installed anew with the suite's values and ARG...
 	chart) fleet_chart "$@" >/dev/null ;;
-	# Each node ARG... with a Ready plugin pod and its count allocatable.
-	serving) fleet_serving "$@" >/dev/null ;;
 	# helm upgrade of the chart's release with the suite's values and ARG...
 	upgrade) ours_helm upgrade "$@" >/dev/null ;;
 	uninstall) uninstall_plugin >/dev/null ;;

@@ -56,7 +56,8 @@ fleet_chart() {
 	ours_install "$@"
 }
 
-# fleet_serving NODE...: each NODE with a Ready plugin pod and its count allocatable.
+# fleet_serving NODE...: each NODE with a Ready plugin pod and its count
+# allocatable (the soak's; the runner's fleet::serving does it for its cases).
 fleet_serving() {
 	local node
 	for node in "$@"; do
