@@ -384,7 +384,8 @@ host_request() {
 	restart_kubelet) stop_daemon "kubelet-$1"; start_node_kubelet "$1" >/dev/null ;;
 	# SIGKILL to the task ARG2 of node ARG1's containerd, as a crash would end it.
 	kill_container) ctr_on "$1" tasks kill -s SIGKILL "$2" >/dev/null ;;
-	# Prometheus running (the runner waits for its targets); prints its URL.
+	# Prometheus running (the runner installed the plugin first and waits for its
+	# targets); prints its URL.
 	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
 	# A p4d node ARG1 joined and Ready; it stays until `leave`.
 	join) join_node "$1" >/dev/null ;;

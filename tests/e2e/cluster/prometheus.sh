@@ -8,8 +8,8 @@
 #
 # Sourced by cluster.sh, which calls prometheus_build in its setup. The cases
 # that ask it are the runner's (P1-P6 in runner/src/cluster/scrapes.rs, and
-# the fleet's); they start it through the host request `prometheus`
-# (ensure_prometheus).
+# the fleet's); the runner installs the plugin first and starts Prometheus
+# through the host request `prometheus` (ensure_prometheus).
 
 PROMETHEUS_PORT=19090
 PROMETHEUS_URL=http://127.0.0.1:$PROMETHEUS_PORT
@@ -101,11 +101,9 @@ rule_groups() {
 	awk '/^spec:/ { spec = 1; next } spec && /^[^ ]/ { exit } spec { sub(/^  /, ""); print }'
 }
 
-# ensure_prometheus: Prometheus running, started if it was not, against the
-# plugin of ensure_plugin (lib/cluster.sh).
+# ensure_prometheus: Prometheus running, started if it was not.
 ensure_prometheus() {
 	[[ -n ${PIDS[prometheus]:-} ]] && return 0
-	ensure_plugin || return 1
 	prometheus_identity || { REASON="cannot give Prometheus its certificate and RBAC"; return 1; }
 	prometheus_config || { REASON="Prometheus config or rules invalid: $(tail -3 "$T/logs/promtool-config.log" | paste -sd'|')"; return 1; }
 	start_daemon prometheus "$PROMETHEUS_BIN/prometheus" --config.file "$T/prometheus/prometheus.yml" \

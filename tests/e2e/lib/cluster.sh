@@ -28,14 +28,6 @@ allocatable() {
 # allocatable_is COUNT [NODE]
 allocatable_is() { [[ $(allocatable "${2:-}") == "$1" ]]; }
 
-# allocatable_settles_at_4 WHEN: allocatable reaches 4 within a node-status
-# period and 30s; otherwise REASON names WHEN ("after the install").
-allocatable_settles_at_4() {
-	wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4 && return 0
-	REASON="node allocatable $RESOURCE is '$(allocatable)' $1, want 4"
-	return 1
-}
-
 # ready_plugin_pod [NODE [SELECTOR]]: the one pod in the plugins' namespace
 # on NODE (the single-node cases' node by default) matching the label
 # SELECTOR (this plugin's by default, the stand-in's is name=$STANDIN_RELEASE)
@@ -188,29 +180,6 @@ plugin_container_id() {
 	pod_field "${1:-$(ready_plugin_pod)}" '{.status.containerStatuses[0].containerID}' "$NS" | sed 's#^containerd://##'
 }
 
-# plugin_installed_ok: a Ready plugin pod on the pod network, with the
-# securityContext as shipped, and the node advertising 4 EFAs.
-plugin_installed_ok() {
-	local shipped=$1 pod ip want got
-	if ! wait_until 120 has_ready_plugin_pod; then
-		REASON="no Ready plugin pod within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|'); $(plugin_events)"
-		return 1
-	fi
-	pod=$(ready_plugin_pod)
-	ip=$(pod_field "$pod" '{.status.podIP}' "$NS")
-	if [[ $ip != "${NODE_IP%.1}".* || $ip == "$NODE_IP" ]]; then
-		REASON="plugin pod $pod has IP '$ip', want one on the pod network $POD_SUBNET"
-		return 1
-	fi
-	want=$(python3 "$HERE/lib/pod_spec.py" security-context <"$shipped")
-	got=$(kns get pod "$pod" -o json | python3 "$HERE/lib/pod_spec.py" security-context)
-	if [[ $got != "$want" ]]; then
-		REASON="plugin pod's securityContext differs from the shipped one: got $got, want $want"
-		return 1
-	fi
-	allocatable_settles_at_4 "with the shipped securityContext"
-}
-
 plugin_events() {
 	kns get events --field-selector involvedObject.kind=Pod -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null |
 		tail -3 | paste -sd'|'
@@ -223,35 +192,10 @@ pod_events() {
 
 # ---------------------------------------------------------------- fixtures
 
-# kustomize_install OVERLAY: the plugin installed from OVERLAY, one of
-# cluster/kustomize, as users install the shipped manifests, and found as
-# plugin_installed_ok says.
-kustomize_install() {
-	local overlay=$1
-	k kustomize "$HERE/cluster/kustomize/$overlay" >"$T/$overlay.yaml" || { REASON="kustomize build failed"; return 1; }
-	k kustomize "$REPO/manifests" >"$T/shipped.yaml" || { REASON="kustomize build of manifests failed"; return 1; }
-	# The overlay may add only the fake tree: anything else would mean the
-	# suite tests a pod spec users do not get.
-	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/shipped.yaml" "$T/$overlay.yaml" 2>&1); then
-		return 1
-	fi
-	k apply -k "$HERE/cluster/kustomize/$overlay" >/dev/null || { REASON="kubectl apply -k rejected the overlay"; return 1; }
-	plugin_installed_ok "$T/shipped.yaml"
-}
-
 # ours_install HELM_ARG...: this chart as the README installs it, plus only the
 # test values (the local image and the fake sysfs tree).
 ours_install() {
 	ours_helm install "$@" >/dev/null || { REASON="helm install $OURS_RELEASE $* failed"; return 1; }
-}
-
-# ours_rolled_out: the check in docs/migration.md's step 3, then allocatable back at 4.
-ours_rolled_out() {
-	if ! kns rollout status "daemonset/$OURS_RELEASE" --timeout=120s >/dev/null 2>&1; then
-		REASON="rollout status of $OURS_RELEASE did not succeed within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
-		return 1
-	fi
-	allocatable_settles_at_4 "after the install"
 }
 
 # ours_helm VERB HELM_ARG...: helm VERB (install, upgrade) of OURS_RELEASE
@@ -296,25 +240,6 @@ import json, sys
 print(" ".join(r["name"] for r in json.load(sys.stdin) if r["chart"].startswith("efa-device-plugin-")))'); do
 		helm uninstall "$release" -n "$NS" --wait >/dev/null 2>&1
 	done
-}
-
-# ensure_plugin: a Ready plugin pod with 4 EFAs allocatable, whichever
-# install made it; otherwise the p4d overlay, installed after whatever else
-# is there is gone.
-ensure_plugin() {
-	has_ready_plugin_pod && allocatable_is 4 && return 0
-	uninstall_plugin || return 1
-	kustomize_install p4d
-}
-
-# ensure_holder: ensure_plugin, and the long-running pod "holder" with 2
-# EFAs, started (start_pod) if it is not running; sets HOLDER_IDS to the IDs
-# the kubelet gave it. Cases that read the holder share one, as a new pod
-# would cost a scheduling round each.
-ensure_holder() {
-	ensure_plugin || return 1
-	pod_phase_is holder Running || start_pod holder 2 || return 1
-	read -ra HOLDER_IDS <<<"$(allocated_ids "$(pod_field holder '{.metadata.uid}')")"
 }
 
 # "c MAJOR MINOR NAME" for each entry of a busybox `ls -l` listing on stdin;
