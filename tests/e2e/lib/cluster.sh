@@ -3,14 +3,11 @@
 # runner asks for (cluster.sh's host_request) and what the bash soak
 # (cluster/soak.sh) still reads of the nodes and their plugin pods. Sourced by
 # cluster.sh, which sets BIN, KUBECONFIG, HELM, NODE, NS, DS, T and the fixture
-# paths.
-# shellcheck disable=SC2034 # REASON is read by host_request (cluster.sh), STANDIN_RELEASE by cluster/migration.sh
+# paths. An install or uninstall that fails prints why on stdout, which
+# host_request replies with, and prints nothing there otherwise.
 
 # This chart's release, as the README installs it; its DaemonSet is DS.
 OURS_RELEASE=efa-device-plugin
-# The AWS plugin's stand-in (cluster/migration.sh), released as the AWS chart is.
-STANDIN_RELEASE=aws-efa-k8s-device-plugin
-
 # The extended resource the plugin advertises EFAs as.
 RESOURCE=vpc.amazonaws.com/efa
 
@@ -80,7 +77,7 @@ plugin_container_id() {
 # ours_install HELM_ARG...: this chart as the README installs it, plus only the
 # test values (the local image and the fake sysfs tree).
 ours_install() {
-	ours_helm install "$@" >/dev/null || { REASON="helm install $OURS_RELEASE $* failed"; return 1; }
+	ours_helm install "$@" >/dev/null || { echo "helm install $OURS_RELEASE $* failed"; return 1; }
 }
 
 # ours_helm VERB HELM_ARG...: helm VERB (install, upgrade) of OURS_RELEASE
@@ -113,7 +110,7 @@ uninstall_plugin() {
 	[[ -z $(kns get daemonset "$DS" -o name 2>/dev/null) ]] ||
 		k delete -k "$HERE/cluster/kustomize/p4d" --ignore-not-found --wait >/dev/null 2>&1
 	wait_until 60 no_plugin_pod && return 0
-	REASON="plugin pod still there 60s after its uninstall: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
+	echo "plugin pod still there 60s after its uninstall: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
 	return 1
 }
 
