@@ -8,6 +8,7 @@
 
 # This chart's release, as the README installs it; its DaemonSet is DS.
 OURS_RELEASE=efa-device-plugin
+
 # The extended resource the plugin advertises EFAs as.
 RESOURCE=vpc.amazonaws.com/efa
 
@@ -23,22 +24,18 @@ allocatable() {
 # allocatable_is COUNT [NODE]
 allocatable_is() { [[ $(allocatable "${2:-}") == "$1" ]]; }
 
-# ready_plugin_pod [NODE [SELECTOR]]: the one pod in the plugins' namespace
-# on NODE (the single-node cases' node by default) matching the label
-# SELECTOR (this plugin's by default, the stand-in's is name=$STANDIN_RELEASE)
-# that is Ready and not terminating; empty otherwise.
+# ready_plugin_pod [NODE]: the one plugin pod on NODE (the single-node cases'
+# node by default) that is Ready and not terminating; empty otherwise.
 ready_plugin_pod() {
-	kns get pods -l "${2:-app.kubernetes.io/name=efa-device-plugin}" --field-selector "spec.nodeName=${1:-$NODE}" \
-		-o json 2>/dev/null | python3 -c '
-import json, sys
-pods = [p for p in json.load(sys.stdin)["items"]
-        if not p["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
-print(pods[0]["metadata"]["name"] if len(pods) == 1 else "")'
+	local ready
+	# shellcheck disable=SC2016 # $pod is the template's variable
+	ready=$(kns get pods -l app.kubernetes.io/name=efa-device-plugin --field-selector "spec.nodeName=${1:-$NODE}" \
+		-o go-template='{{range $pod := .items}}{{if not $pod.metadata.deletionTimestamp}}{{range $pod.status.conditions}}{{if and (eq .type "Ready") (eq .status "True")}}{{$pod.metadata.name}}{{"\n"}}{{end}}{{end}}{{end}}{{end}}' 2>/dev/null)
+	[[ $ready == *$'\n'* ]] || echo "$ready"
 }
 
-# has_ready_plugin_pod [NODE [SELECTOR]]
-has_ready_plugin_pod() { [[ -n $(ready_plugin_pod "${1:-}" "${2:-}") ]]; }
+# has_ready_plugin_pod [NODE]
+has_ready_plugin_pod() { [[ -n $(ready_plugin_pod "${1:-}") ]]; }
 
 no_plugin_pod() { [[ -z $(kns get pods -l app.kubernetes.io/name=efa-device-plugin -o name 2>/dev/null) ]]; }
 
@@ -114,12 +111,12 @@ uninstall_plugin() {
 	return 1
 }
 
-# uninstall_releases: every release of this chart uninstalled, whatever its name.
+# uninstall_releases: every release of this chart uninstalled, whatever its
+# name: those whose chart column (NAME-VERSION) names this chart.
 uninstall_releases() {
 	local release
-	for release in $(helm list -n "$NS" -o json 2>/dev/null | python3 -c '
-import json, sys
-print(" ".join(r["name"] for r in json.load(sys.stdin) if r["chart"].startswith("efa-device-plugin-")))'); do
+	for release in $(helm list -n "$NS" --no-headers 2>/dev/null |
+		awk '{ for (i = 2; i <= NF; i++) if (index($i, "efa-device-plugin-") == 1) { print $1; break } }'); do
 		helm uninstall "$release" -n "$NS" --wait >/dev/null 2>&1
 	done
 }
