@@ -332,6 +332,7 @@ runner_cases() {
 		# shellcheck disable=SC2086 # a request is words: VERB ARG...
 		host_request $line >"$dir/reply" 2>>"$T/logs/host-requests.log"
 		rc=$?
+		((rc == 0)) || [[ -s $dir/reply ]] || echo "${line%% *} failed" >"$dir/reply"
 		printf '%s %s\n' "$rc" "$(paste -sd'|' "$dir/reply")" >&8
 	done
 	wait "$pid"
@@ -346,19 +347,17 @@ runner_cases() {
 }
 
 # host_request VERB ARG...: what the runner may ask of the suite. Prints the
-# answer, or the reason when the request fails.
+# answer; on failure, the reason, which each infrastructure function prints
+# itself on stdout (runner_cases replies "VERB failed" when none did).
 host_request() {
 	local verb=$1
 	shift
-	REASON=
 	case $verb in
 	# The fleet up and the chart installed anew with the suite's values and ARG...
-	chart) fleet_chart "$@" >/dev/null ;;
-	# Each node ARG... with a Ready plugin pod and its count allocatable.
-	serving) fleet_serving "$@" >/dev/null ;;
+	chart) fleet_chart "$@" ;;
 	# helm upgrade of the chart's release with the suite's values and ARG...
 	upgrade) ours_helm upgrade "$@" >/dev/null ;;
-	uninstall) uninstall_plugin >/dev/null ;;
+	uninstall) uninstall_plugin ;;
 	# Every release of this chart uninstalled; a kustomize install stays.
 	uninstall_releases) uninstall_releases ;;
 	# The kustomize overlay ARG1 (cluster/kustomize/ARG1) applied over whatever is installed.
@@ -375,23 +374,24 @@ host_request() {
 	# The AWS plugin's stand-in installed as the AWS chart installs it, nothing awaited.
 	standin_chart) standin_image && standin_chart ;;
 	# The plugin anew from the labelled kustomize overlay.
-	labelled_kustomize) install_labelled_kustomize >/dev/null ;;
+	labelled_kustomize) install_labelled_kustomize ;;
 	# Node ARG1's kubelet stopped (whatever its exit status) and started again, and the node Ready.
-	restart_kubelet) stop_daemon "kubelet-$1"; start_node_kubelet "$1" >/dev/null ;;
+	restart_kubelet) stop_daemon "kubelet-$1"; kubelet_started "$1" ;;
 	# SIGKILL to the task ARG2 of node ARG1's containerd, as a crash would end it.
 	kill_container) ctr_on "$1" tasks kill -s SIGKILL "$2" >/dev/null ;;
-	# Prometheus running (the runner waits for its targets); prints its URL.
-	prometheus) ensure_prometheus >/dev/null && echo "$PROMETHEUS_URL" ;;
+	# Prometheus running (the runner installed the plugin first and waits for its
+	# targets); prints its URL.
+	prometheus) ensure_prometheus && echo "$PROMETHEUS_URL" ;;
 	# A p4d node ARG1 joined and Ready; it stays until `leave`.
-	join) join_node "$1" >/dev/null ;;
+	join) join_node "$1" ;;
 	# Node ARG1 powered off for good, its Node object and its namespaces gone.
 	leave) remove_node "$1" >/dev/null ;;
 	# The AWS plugin's stand-in in this plugin's place on every node, also on
 	# nodes that join, until standin_uninstall.
-	standin) fleet_standin >/dev/null ;;
+	standin) fleet_standin ;;
 	# The stand-in's release uninstalled, if there is one, its pods gone, and
 	# its image no longer given to nodes that start.
-	standin_uninstall) fleet_standin_uninstall >/dev/null ;;
+	standin_uninstall) fleet_standin_uninstall ;;
 	# The DRA driver stand-in's DaemonSet applied (its image built and imported first, once a
 	# run); its pod comes up and registers by itself and stays until dra_standin_down.
 	dra_standin_up) dra_standin_up ;;
@@ -406,26 +406,13 @@ host_request() {
 	# containers killed, /run emptied), then containerd, then the kubelet
 	# until the node is Ready.
 	stop_node) stop_node "$@" ;;
-	start_containerd)
-		start_node_containerd "$@" >/dev/null || {
-			REASON="containerd of $1 did not start: $(tail -3 "$T/logs/containerd-$1.log" | paste -sd'|')"
-			false
-		}
-		;;
-	start_kubelet)
-		start_node_kubelet "$@" >/dev/null || {
-			REASON="node $1 not Ready within 120s: $(tail -3 "$T/logs/kubelet-$1.log" | paste -sd'|')"
-			false
-		}
-		;;
+	start_containerd) containerd_started "$1" ;;
+	start_kubelet) kubelet_started "$1" ;;
 	*)
-		REASON="no such request"
-		false
-		;;
-	esac || {
-		echo "${REASON:-$verb failed}"
+		echo "no such request"
 		return 1
-	}
+		;;
+	esac
 }
 
 run_suite cluster_cases

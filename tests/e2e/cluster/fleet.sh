@@ -1,5 +1,4 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2034 # REASON is read by host_request (cluster.sh)
 # A fleet on this host: beside efa-a (p4d, 4 EFAs, the single-node cases'
 # node) the nodes efa-b (p5en, 16 EFAs with other names) and plain (no EFA),
 # each in namespaces of its own (lib/nodes.sh), all registered with the one
@@ -11,14 +10,13 @@
 # Sourced by cluster.sh; besides lib/cluster.sh's helpers it uses
 # migration.sh's stand-in. The fleet comes up with the runner's first chart
 # request and stays up to the end of the run, so the single-node cases, which
-# run before, see efa-a alone.
+# run before, see efa-a alone. What fails prints why on stdout, as
+# lib/cluster.sh's installs do.
 
 FLEET_B=efa-b
 FLEET_PLAIN=plain
 # shellcheck disable=SC2153 # NODE is cluster.sh's
-FLEET=("$NODE" "$FLEET_B" "$FLEET_PLAIN")
 declare -A NODE_SHAPE=([$NODE]=p4d [$FLEET_B]=p5en [$FLEET_PLAIN]=none)
-declare -A NODE_EFAS=([$NODE]=4 [$FLEET_B]=16 [$FLEET_PLAIN]=0)
 declare -A FLEET_SLOT=([$FLEET_B]=1 [$FLEET_PLAIN]=2)
 
 # make_node_fixtures NODE (for add_node): the sysfs tree of NODE's shape, and
@@ -40,7 +38,7 @@ ensure_fleet() {
 		if [[ -z ${NODE_HOLDER[$node]:-} ]]; then
 			add_node "$node" "${FLEET_SLOT[$node]}" || return 1
 		elif ! node_ready "$node"; then
-			REASON="fleet node $node is not Ready"
+			echo "fleet node $node is not Ready"
 			return 1
 		fi
 	done
@@ -56,43 +54,12 @@ fleet_chart() {
 	ours_install "$@"
 }
 
-# fleet_serving NODE...: each NODE with a Ready plugin pod and its count allocatable.
-fleet_serving() {
-	local node
-	for node in "$@"; do
-		fleet_node_serves "$node" || return 1
-	done
-}
-
-# fleet_node_serves NODE: a Ready plugin pod on NODE within 120s, and NODE's
-# count allocatable within a status period and 30s.
-fleet_node_serves() {
-	local node=$1
-	if ! wait_until 120 has_ready_plugin_pod "$node"; then
-		REASON="no Ready plugin pod on $node within 120s: $(kns get pods -o wide 2>&1 | grep -w "$node" | paste -sd'|')"
-		return 1
-	fi
-	if ! wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_settled "$node"; then
-		REASON="allocatable on $node is '$(allocatable "$node")', want ${NODE_EFAS[$node]}"
-		return 1
-	fi
-}
-
-# allocatable_settled NODE: NODE's count allocatable; 0 or none on a node
-# without EFA.
-allocatable_settled() {
-	local got
-	got=$(allocatable "$1")
-	((${NODE_EFAS[$1]} == 0)) && [[ $got == "" || $got == 0 ]] && return 0
-	[[ $got == "${NODE_EFAS[$1]}" ]]
-}
-
 # install_labelled_kustomize: the plugin anew from the labelled overlay, on
 # the fleet (the runner's F2 asks for it).
 install_labelled_kustomize() {
 	ensure_fleet && uninstall_plugin || return 1
 	k apply -k "$HERE/cluster/kustomize/labelled" >/dev/null && return 0
-	REASON="kubectl apply -k rejected the labelled overlay"
+	echo "kubectl apply -k rejected the labelled overlay"
 	return 1
 }
 
@@ -112,7 +79,7 @@ fleet_standin() {
 	IMAGES_FOR_NODES+=("$T/images/aws-standin.tar")
 	for node in "$FLEET_B" "$FLEET_PLAIN"; do
 		ctr_on "$node" images import "$T/images/aws-standin.tar" >/dev/null 2>&1 ||
-			{ REASON="cannot import the stand-in image on $node"; return 1; }
+			{ echo "cannot import the stand-in image on $node"; return 1; }
 	done
 	standin_chart
 }

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# shellcheck disable=SC2034 # REASON and PROMETHEUS_URL are read by host_request (cluster.sh)
+# shellcheck disable=SC2034 # PROMETHEUS_URL is read by host_request (cluster.sh)
 # A real Prometheus against the installed plugin: built from source (see
 # prometheus_binaries in lib/build.sh), run on the host on loopback with a
 # kubeconfig and RBAC of its own that allow listing pods, discovering the
@@ -8,8 +8,8 @@
 #
 # Sourced by cluster.sh, which calls prometheus_build in its setup. The cases
 # that ask it are the runner's (P1-P6 in runner/src/cluster/scrapes.rs, and
-# the fleet's); they start it through the host request `prometheus`
-# (ensure_prometheus).
+# the fleet's); the runner installs the plugin first and starts Prometheus
+# through the host request `prometheus` (ensure_prometheus).
 
 PROMETHEUS_PORT=19090
 PROMETHEUS_URL=http://127.0.0.1:$PROMETHEUS_PORT
@@ -101,13 +101,12 @@ rule_groups() {
 	awk '/^spec:/ { spec = 1; next } spec && /^[^ ]/ { exit } spec { sub(/^  /, ""); print }'
 }
 
-# ensure_prometheus: Prometheus running, started if it was not, against the
-# plugin of ensure_plugin (lib/cluster.sh).
+# ensure_prometheus: Prometheus running, started if it was not; prints why on
+# failure.
 ensure_prometheus() {
 	[[ -n ${PIDS[prometheus]:-} ]] && return 0
-	ensure_plugin || return 1
-	prometheus_identity || { REASON="cannot give Prometheus its certificate and RBAC"; return 1; }
-	prometheus_config || { REASON="Prometheus config or rules invalid: $(tail -3 "$T/logs/promtool-config.log" | paste -sd'|')"; return 1; }
+	prometheus_identity || { echo "cannot give Prometheus its certificate and RBAC"; return 1; }
+	prometheus_config || { echo "Prometheus config or rules invalid: $(tail -3 "$T/logs/promtool-config.log" | paste -sd'|')"; return 1; }
 	start_daemon prometheus "$PROMETHEUS_BIN/prometheus" --config.file "$T/prometheus/prometheus.yml" \
 		--storage.tsdb.path "$T/prometheus/data" --web.listen-address "127.0.0.1:$PROMETHEUS_PORT"
 }

@@ -1,257 +1,25 @@
 # shellcheck shell=bash
-# What every cluster case uses: kubectl and helm against the suite's
-# cluster, reading the node, its pods and the kubelet's checkpoint, the
-# workload pods, and the fixtures through which a case sets up what it needs
-# instead of relying on the case before it. Sourced by cluster.sh, which sets
-# BIN, KUBECONFIG, HELM, NODE, NS, DS, T and the fixture paths.
-# shellcheck disable=SC2034 # REASON, POD_LOG, POD_IDS, POD_NODES, HOLDER_IDS and the names below are read by the cases
+# kubectl and helm against the suite's cluster: the installs and uninstalls the
+# runner asks for (cluster.sh's host_request). Sourced by cluster.sh, which
+# sets BIN, KUBECONFIG, HELM, NS, DS, T and the fixture paths. An install or
+# uninstall that fails prints why on stdout, which host_request replies with,
+# and prints nothing there otherwise.
 
 # This chart's release, as the README installs it; its DaemonSet is DS.
 OURS_RELEASE=efa-device-plugin
-# The AWS plugin's stand-in (cluster/migration.sh), released as the AWS chart is.
-STANDIN_RELEASE=aws-efa-k8s-device-plugin
-# The label nodeScope.mode=labelled keeps the plugin to.
-SCOPE_LABEL=efa-device-plugin/enabled
-
-# The extended resource the plugin advertises EFAs as.
-RESOURCE=vpc.amazonaws.com/efa
 
 k() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
 kns() { k -n "$NS" "$@"; }
 helm() { "$HELM" --kubeconfig "$KUBECONFIG" "$@"; }
 
-# allocatable [NODE]: NODE's allocatable EFAs (the single-node cases' node by default).
-allocatable() {
-	k get node "${1:-$NODE}" -o jsonpath="{.status.allocatable.${RESOURCE//./\\.}}" 2>/dev/null
-}
-
-# allocatable_is COUNT [NODE]
-allocatable_is() { [[ $(allocatable "${2:-}") == "$1" ]]; }
-
-# allocatable_settles_at_4 WHEN: allocatable reaches 4 within a node-status
-# period and 30s; otherwise REASON names WHEN ("after the install").
-allocatable_settles_at_4() {
-	wait_until $((NODE_STATUS_PERIOD + 30)) allocatable_is 4 && return 0
-	REASON="node allocatable $RESOURCE is '$(allocatable)' $1, want 4"
-	return 1
-}
-
-# ready_plugin_pod [NODE [SELECTOR]]: the one pod in the plugins' namespace
-# on NODE (the single-node cases' node by default) matching the label
-# SELECTOR (this plugin's by default, the stand-in's is name=$STANDIN_RELEASE)
-# that is Ready and not terminating; empty otherwise.
-ready_plugin_pod() {
-	kns get pods -l "${2:-app.kubernetes.io/name=efa-device-plugin}" --field-selector "spec.nodeName=${1:-$NODE}" \
-		-o json 2>/dev/null | python3 -c '
-import json, sys
-pods = [p for p in json.load(sys.stdin)["items"]
-        if not p["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))]
-print(pods[0]["metadata"]["name"] if len(pods) == 1 else "")'
-}
-
-# has_ready_plugin_pod [NODE [SELECTOR]]
-has_ready_plugin_pod() { [[ -n $(ready_plugin_pod "${1:-}" "${2:-}") ]]; }
-
 no_plugin_pod() { [[ -z $(kns get pods -l app.kubernetes.io/name=efa-device-plugin -o name 2>/dev/null) ]]; }
 
-pod_field() { k -n "${3:-default}" get pod "$1" -o jsonpath="$2" 2>/dev/null; }
-
-# node_of POD [NAMESPACE]: the node POD is bound to.
-node_of() { pod_field "$1" '{.spec.nodeName}' "${2:-default}"; }
-
-pod_phase_is() { [[ $(pod_field "$1" '{.status.phase}') == "$2" ]]; }
-
-# node_sysfs NODE: the tree NODE's plugin reads as its sysfs, read from the host.
-node_sysfs() { node_host_path "$1" "$FIXTURES/sys"; }
-
-# node_dp_dir NODE: NODE's device-plugin dir, read from the host.
-node_dp_dir() { node_host_path "$1" "$DP_DIR"; }
-
-# allocated_ids UID [NODE]: the device IDs the checkpoint of NODE's kubelet
-# (the single-node cases' node by default) records for a pod.
-allocated_ids() {
-	python3 "$HERE/lib/kubeinfo.py" allocated "$(node_dp_dir "${2:-$NODE}")/kubelet_internal_checkpoint" "$1" "$RESOURCE" 2>/dev/null |
-		paste -sd' '
-}
-
-# workload_json NAME KIND COUNT [OPTION...]: a Pod, Job or Deployment asking
-# for COUNT EFAs, as lib/workload.py builds every workload of the cases
-# (workload_json --each: many, from argument lines on stdin).
-workload_json() { python3 "$HERE/lib/workload.py" --resource "$RESOURCE" "$@"; }
-
-# workload NAME KIND COUNT [NODE]: a Job (KIND=job) or a long-running Pod
-# (KIND=pod) whose container lists /dev/infiniband and prints FI_PROVIDER,
-# then waits: the Job long enough for its allocation to be read, the Pod until
-# deleted. With NODE, it may run on NODE only.
-workload() { workload_json "$1" "$2" "$3" ${4:+--node "$4"} | k apply -f -; }
-
-job_pod() { k get pods -l "job-name=$1" -o jsonpath='{.items[0].metadata.name}' 2>/dev/null; }
-
-no_job_pod() { [[ -z $(k get pods -l "job-name=$1" -o name 2>/dev/null) ]]; }
-
-# check_devices POD COUNT [NODE]: POD runs on NODE (the single-node cases'
-# node by default) and its container saw exactly the uverbs nodes of the
-# COUNT EFAs NODE's kubelet gave it, as NODE's sysfs tree pairs them; sets
-# POD_LOG, POD_IDS and POD_NODES (its listing entries).
-check_devices() {
-	local pod=$1 count=$2 node=${3:-$NODE} uid got want id sys
-	local -a ids
-	if [[ $(node_of "$pod") != "$node" ]]; then
-		REASON="pod $pod runs on '$(node_of "$pod")', want $node"
-		return 1
-	fi
-	uid=$(pod_field "$pod" '{.metadata.uid}')
-	read -ra ids <<<"$(allocated_ids "$uid" "$node")"
-	if ((${#ids[@]} != count)); then
-		REASON="$node's checkpoint gives pod $pod ${#ids[@]} devices [${ids[*]}], want $count"
-		return 1
-	fi
-	wait_until 20 has_listing "$pod"
-	POD_LOG=$T/logs/pod-$pod.log
-	k logs "$pod" >"$POD_LOG"
-	got=$(listing_entries <"$POD_LOG")
-	sys=$(node_sysfs "$node")
-	want=$(for id in "${ids[@]}"; do uverbs_entry "$sys" "$id"; done | sort)
-	if [[ $got != "$want" ]]; then
-		REASON="pod $pod on $node sees [$(paste -sd';' <<<"$got")] in /dev/infiniband, want [$(paste -sd';' <<<"$want")]"
-		return 1
-	fi
-	POD_IDS=("${ids[@]}")
-	POD_NODES=$got
-}
-
-# uverbs_entry SYSFS ID: the listing_entries line of the uverbs node of the
-# EFA with device ID ID (its ibdev name, or its PCI address under
-# device-id-strategy pci), from the tree as the kernel pairs them.
-uverbs_entry() {
-	local dev=$1/class/infiniband/$2/device verbs
-	[[ -e $dev ]] || dev=$1/bus/pci/drivers/efa/$2
-	verbs=$(basename "$(echo "$dev/infiniband_verbs/"*)")
-	dev=$(cat "$1/class/infiniband_verbs/$verbs/dev")
-	echo "c ${dev%%:*} ${dev##*:} $verbs"
-}
-
-# start_pod NAME COUNT [NODE]: a long-running pod asking for COUNT EFAs, made
-# anew (pinned to NODE if given), Running within 60s, whose container saw
-# exactly its EFAs (check_devices on the node it runs on); sets POD_LOG,
-# POD_IDS and POD_NODES.
-start_pod() {
-	local name=$1 count=$2
-	k delete pod "$name" --ignore-not-found --wait >/dev/null 2>&1
-	workload "$name" pod "$count" "${3:-}" >/dev/null || { REASON="pod $name not accepted"; return 1; }
-	if ! wait_until 60 pod_phase_is "$name" Running; then
-		REASON="pod $name not Running within 60s: $(pod_field "$name" '{.status.phase}') $(pod_events "$name")"
-		return 1
-	fi
-	check_devices "$name" "$count" "$(node_of "$name")"
-}
-
-# The container prints FI_PROVIDER after the listing, so the listing is whole.
-has_listing() { k logs "$1" 2>/dev/null | grep -q '^FI_PROVIDER='; }
-
-# run_job NAME COUNT: the scheduler places a Job asking for COUNT EFAs, its
-# container sees exactly its devices, and the Job completes.
-run_job() {
-	local name=$1 count=$2 pod
-	k delete job "$name" --ignore-not-found --wait >/dev/null 2>&1
-	workload "$name" job "$count" >/dev/null || { REASON="Job $name not accepted"; return 1; }
-	wait_until 60 job_pod_running "$name" || { REASON="Job $name has no Running pod within 60s: $(k get pods -l "job-name=$name" -o wide 2>&1 | tail -1)"; return 1; }
-	pod=$(job_pod "$name")
-	check_devices "$pod" "$count" || return 1
-	if ! k wait --for=condition=Complete "job/$name" --timeout=60s >/dev/null; then
-		REASON="Job $name not Complete within 60s"
-		return 1
-	fi
-	k delete job "$name" --wait >/dev/null
-	# The kubelet lists a finished pod's EFAs as held until the pod is gone, which the garbage
-	# collector does after the Job: later cases must not see it.
-	wait_until 60 no_job_pod "$name" || { REASON="Job $name's pod still there 60s after the Job"; return 1; }
-}
-
-job_pod_running() { local p; p=$(job_pod "$1") && [[ -n $p ]] && pod_phase_is "$p" Running; }
-
-# The plugin pod's metrics endpoint, scraped over the pod network.
-scrape() {
-	local ip
-	ip=$(pod_field "$1" '{.status.podIP}' "$NS")
-	curl -sf --max-time 5 "http://$ip:9465/metrics"
-}
-
-# metric POD NAME: the value of NAME's series, labelled or not (efa_device_plugin_dra_conflict
-# names its driver while it is 1).
-metric() { scrape "$1" | awk -v n="$2" '{ name = $1; sub(/\{.*/, "", name) } name == n { print $NF }'; }
-
-# plugin_container_id [POD]: the containerd ID of the plugin container in POD
-# (the Ready plugin pod on the single-node cases' node by default).
-plugin_container_id() {
-	pod_field "${1:-$(ready_plugin_pod)}" '{.status.containerStatuses[0].containerID}' "$NS" | sed 's#^containerd://##'
-}
-
-# plugin_installed_ok: a Ready plugin pod on the pod network, with the
-# securityContext as shipped, and the node advertising 4 EFAs.
-plugin_installed_ok() {
-	local shipped=$1 pod ip want got
-	if ! wait_until 120 has_ready_plugin_pod; then
-		REASON="no Ready plugin pod within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|'); $(plugin_events)"
-		return 1
-	fi
-	pod=$(ready_plugin_pod)
-	ip=$(pod_field "$pod" '{.status.podIP}' "$NS")
-	if [[ $ip != "${NODE_IP%.1}".* || $ip == "$NODE_IP" ]]; then
-		REASON="plugin pod $pod has IP '$ip', want one on the pod network $POD_SUBNET"
-		return 1
-	fi
-	want=$(python3 "$HERE/lib/pod_spec.py" security-context <"$shipped")
-	got=$(kns get pod "$pod" -o json | python3 "$HERE/lib/pod_spec.py" security-context)
-	if [[ $got != "$want" ]]; then
-		REASON="plugin pod's securityContext differs from the shipped one: got $got, want $want"
-		return 1
-	fi
-	allocatable_settles_at_4 "with the shipped securityContext"
-}
-
-plugin_events() {
-	kns get events --field-selector involvedObject.kind=Pod -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null |
-		tail -3 | paste -sd'|'
-}
-
-pod_events() {
-	k get events --field-selector "involvedObject.name=$1" -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null |
-		paste -sd'|'
-}
-
-# ---------------------------------------------------------------- fixtures
-
-# kustomize_install OVERLAY: the plugin installed from OVERLAY, one of
-# cluster/kustomize, as users install the shipped manifests, and found as
-# plugin_installed_ok says.
-kustomize_install() {
-	local overlay=$1
-	k kustomize "$HERE/cluster/kustomize/$overlay" >"$T/$overlay.yaml" || { REASON="kustomize build failed"; return 1; }
-	k kustomize "$REPO/manifests" >"$T/shipped.yaml" || { REASON="kustomize build of manifests failed"; return 1; }
-	# The overlay may add only the fake tree: anything else would mean the
-	# suite tests a pod spec users do not get.
-	if ! REASON=$(python3 "$HERE/lib/pod_spec.py" compare "$T/shipped.yaml" "$T/$overlay.yaml" 2>&1); then
-		return 1
-	fi
-	k apply -k "$HERE/cluster/kustomize/$overlay" >/dev/null || { REASON="kubectl apply -k rejected the overlay"; return 1; }
-	plugin_installed_ok "$T/shipped.yaml"
-}
+# ---------------------------------------------------------------- installs
 
 # ours_install HELM_ARG...: this chart as the README installs it, plus only the
 # test values (the local image and the fake sysfs tree).
 ours_install() {
-	ours_helm install "$@" >/dev/null || { REASON="helm install $OURS_RELEASE $* failed"; return 1; }
-}
-
-# ours_rolled_out: the check in docs/migration.md's step 3, then allocatable back at 4.
-ours_rolled_out() {
-	if ! kns rollout status "daemonset/$OURS_RELEASE" --timeout=120s >/dev/null 2>&1; then
-		REASON="rollout status of $OURS_RELEASE did not succeed within 120s: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
-		return 1
-	fi
-	allocatable_settles_at_4 "after the install"
+	ours_helm install "$@" >/dev/null || { echo "helm install $OURS_RELEASE $* failed"; return 1; }
 }
 
 # ours_helm VERB HELM_ARG...: helm VERB (install, upgrade) of OURS_RELEASE
@@ -284,41 +52,16 @@ uninstall_plugin() {
 	[[ -z $(kns get daemonset "$DS" -o name 2>/dev/null) ]] ||
 		k delete -k "$HERE/cluster/kustomize/p4d" --ignore-not-found --wait >/dev/null 2>&1
 	wait_until 60 no_plugin_pod && return 0
-	REASON="plugin pod still there 60s after its uninstall: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
+	echo "plugin pod still there 60s after its uninstall: $(kns get pods -o wide 2>&1 | tail -n +2 | paste -sd'|')"
 	return 1
 }
 
-# uninstall_releases: every release of this chart uninstalled, whatever its name.
+# uninstall_releases: every release of this chart uninstalled, whatever its
+# name: those whose chart column (NAME-VERSION) names this chart.
 uninstall_releases() {
 	local release
-	for release in $(helm list -n "$NS" -o json 2>/dev/null | python3 -c '
-import json, sys
-print(" ".join(r["name"] for r in json.load(sys.stdin) if r["chart"].startswith("efa-device-plugin-")))'); do
+	for release in $(helm list -n "$NS" --no-headers 2>/dev/null |
+		awk '{ for (i = 2; i <= NF; i++) if (index($i, "efa-device-plugin-") == 1) { print $1; break } }'); do
 		helm uninstall "$release" -n "$NS" --wait >/dev/null 2>&1
 	done
-}
-
-# ensure_plugin: a Ready plugin pod with 4 EFAs allocatable, whichever
-# install made it; otherwise the p4d overlay, installed after whatever else
-# is there is gone.
-ensure_plugin() {
-	has_ready_plugin_pod && allocatable_is 4 && return 0
-	uninstall_plugin || return 1
-	kustomize_install p4d
-}
-
-# ensure_holder: ensure_plugin, and the long-running pod "holder" with 2
-# EFAs, started (start_pod) if it is not running; sets HOLDER_IDS to the IDs
-# the kubelet gave it. Cases that read the holder share one, as a new pod
-# would cost a scheduling round each.
-ensure_holder() {
-	ensure_plugin || return 1
-	pod_phase_is holder Running || start_pod holder 2 || return 1
-	read -ra HOLDER_IDS <<<"$(allocated_ids "$(pod_field holder '{.metadata.uid}')")"
-}
-
-# "c MAJOR MINOR NAME" for each entry of a busybox `ls -l` listing on stdin;
-# other output lines are skipped.
-listing_entries() {
-	awk '$1 != "total" && NF >= 6 { t = substr($1, 1, 1); maj = $5; sub(",", "", maj); print t, maj, $6, $NF }' | sort
 }

@@ -254,10 +254,21 @@ start_node_kubelet() {
 }
 
 # start_node NODE: NODE's containerd and kubelet, for a node whose
-# namespace, identity, network and cgroup root exist.
-start_node() {
-	start_node_containerd "$1" || { REASON="containerd of $1 did not start: $(tail -3 "$T/logs/containerd-$1.log" | paste -sd'|')"; return 1; }
-	start_node_kubelet "$1" || { REASON="node $1 not Ready within 120s: $(tail -3 "$T/logs/kubelet-$1.log" | paste -sd'|')"; return 1; }
+# namespace, identity, network and cgroup root exist; prints why on failure.
+start_node() { containerd_started "$1" && kubelet_started "$1"; }
+
+# containerd_started NODE: start_node_containerd NODE; prints why on failure.
+containerd_started() {
+	start_node_containerd "$1" && return 0
+	echo "containerd of $1 did not start: $(tail -3 "$T/logs/containerd-$1.log" | paste -sd'|')"
+	return 1
+}
+
+# kubelet_started NODE: start_node_kubelet NODE; prints why on failure.
+kubelet_started() {
+	start_node_kubelet "$1" && return 0
+	echo "node $1 not Ready within 120s: $(tail -3 "$T/logs/kubelet-$1.log" | paste -sd'|')"
+	return 1
 }
 
 # stop_node NODE: what a power-off does to NODE: its kubelet stopped, every
@@ -276,19 +287,15 @@ stop_node() {
 
 # add_node NODE SLOT: a further node in its own namespaces, with the fixtures
 # make_node_fixtures NODE builds in its home (defined by the caller), started
-# and Ready. Sets REASON on failure.
+# and Ready; prints why on failure.
 add_node() {
-	local node=$1 slot=$2 home
-	home=$(node_home "$node")
+	local node=$1 slot=$2
 	define_node "$node" "$slot"
-	if ! make_node_fixtures "$node"; then
-		REASON="cannot build the fixtures of $node"
-		return 1
-	fi
-	ip addr add "${NODE_ADDR[$node]}/24" dev "$BRIDGE" || { REASON="cannot add ${NODE_ADDR[$node]} to $BRIDGE"; return 1; }
-	make_node_namespace "$node" || { REASON="cannot make the mount namespace of $node"; return 1; }
-	make_node_cgroup_root "$node" || { REASON="cannot make the cgroup root of $node"; return 1; }
-	make_node_identity "$node" || { REASON="cannot make the identity of $node"; return 1; }
+	make_node_fixtures "$node" || { echo "cannot build the fixtures of $node"; return 1; }
+	ip addr add "${NODE_ADDR[$node]}/24" dev "$BRIDGE" || { echo "cannot add ${NODE_ADDR[$node]} to $BRIDGE"; return 1; }
+	make_node_namespace "$node" || { echo "cannot make the mount namespace of $node"; return 1; }
+	make_node_cgroup_root "$node" || { echo "cannot make the cgroup root of $node"; return 1; }
+	make_node_identity "$node" || { echo "cannot make the identity of $node"; return 1; }
 	write_node_network "$node"
 	start_node "$node"
 }

@@ -207,6 +207,7 @@ fn run(args: &Args) -> Result<Tally> {
                 kubelet: args.kubelet.clone(),
                 plugin: args.plugin.clone(),
                 counters: None,
+                started_prometheus: None,
                 kube_version: args.kube_version.clone(),
             };
             run_cases(args, &mut cluster)

@@ -6,6 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use efa_device_plugin::testkit::simulate::{FakeDevice, FakeNode, Shape, devices};
 
+use super::fleet::serving;
 use super::fleet::watch::allocatable_stays;
 use super::workload::pod_on;
 use super::{Cluster, NODE_STATUS_PERIOD};
@@ -55,7 +56,7 @@ fn efas_of(fake: &FakeNode) -> Result<Vec<FakeDevice>> {
 pub fn admin_queue_closed(cluster: &mut Cluster) -> Result<Detail> {
     cluster.host.request("chart", &[])?;
     let prometheus = cluster.prometheus()?;
-    cluster.host.request("serving", &[NODE])?;
+    serving(&cluster.kube, &[NODE])?;
     let fake = cluster.fake_node(NODE)?;
     let efas = efas_of(&fake)?;
     let total = efas.len() as u64;

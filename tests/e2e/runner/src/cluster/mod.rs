@@ -39,6 +39,7 @@ use counters::RisingCounters;
 pub use host::Host;
 pub use kube::Kube;
 use prometheus::{POD_JOB, Prometheus};
+use single_node::Overlay;
 
 /// Where the suite lays out each node's fake sysfs tree, as the node sees it.
 const FIXTURES_SYSFS: &str = "/run/efa-device-plugin-e2e/sys";
@@ -63,6 +64,8 @@ pub struct Cluster {
     pub plugin: PathBuf,
     /// `efa-a`'s counters rising, once a case asked for them; they stop with the runner.
     pub counters: Option<RisingCounters>,
+    /// The suite's Prometheus, once a case started it; it runs until the suite ends.
+    pub started_prometheus: Option<Prometheus>,
     /// The Kubernetes version of every component, `v1.34.4`.
     pub kube_version: String,
 }
@@ -97,9 +100,19 @@ impl Cluster {
         })
     }
 
-    /// The suite's Prometheus, started if it was not, with `efa-a`'s plugin pod a healthy target.
+    /// The suite's Prometheus, with `efa-a`'s plugin pod a healthy target. The first call starts
+    /// it, on the plugin of [`single_node::ensure_plugin`] (the p4d overlay unless a plugin
+    /// serves `efa-a` already); later ones find it running on whatever the case installed.
     pub fn prometheus(&mut self) -> Result<Prometheus> {
-        let prometheus = Prometheus::at(&self.host.request("prometheus", &[])?)?;
+        let prometheus = match self.started_prometheus {
+            Some(prometheus) => prometheus,
+            None => {
+                single_node::ensure_plugin(self, Overlay::P4d)?;
+                let started = Prometheus::at(&self.host.request("prometheus", &[])?)?;
+                self.started_prometheus = Some(started);
+                started
+            }
+        };
         wait_until(
             &format!("a healthy {POD_JOB} target for {EFA_A}'s plugin pod"),
             secs(60),

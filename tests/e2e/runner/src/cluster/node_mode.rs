@@ -5,6 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 
+use super::fleet::serving;
 use super::fleet::watch::allocatable_stays;
 use super::workload::pod_on;
 use super::{Cluster, Prometheus};
@@ -90,7 +91,7 @@ impl Service {
 /// mode keeps the node's allocatable and gives each pod EFAs of its own.
 pub fn one_plugin_per_node(cluster: &mut Cluster) -> Result<Detail> {
     cluster.host.request("chart", &[])?;
-    cluster.host.request("serving", &[NODE])?;
+    serving(&cluster.kube, &[NODE])?;
     let prometheus = cluster.prometheus()?;
     let mut service = Service::on_efa_a(cluster)?;
     let outcome = beside_the_daemonset(cluster, &prometheus, &mut service);
@@ -114,7 +115,7 @@ pub fn one_plugin_per_node(cluster: &mut Cluster) -> Result<Detail> {
             }
             Ok(())
         })
-        .and_then(|()| cluster.host.request("serving", &[NODE]).map(drop));
+        .and_then(|()| serving(&cluster.kube, &[NODE]));
     let detail = outcome?;
     restored.context("giving efa-a back to the DaemonSet")?;
     Ok(detail)

@@ -14,6 +14,7 @@ use crate::plugin::METRICS_PORT;
 /// prometheus-community chart's `kubernetes-pods` job (cluster/prometheus.sh's config).
 pub const POD_JOB: &str = "kubernetes-pods";
 
+#[derive(Clone, Copy)]
 pub struct Prometheus {
     pub port: u16,
 }

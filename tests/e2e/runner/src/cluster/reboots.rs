@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 
 use super::Cluster;
+use super::fleet::serving;
 use super::kube::Pod;
 use super::node_mode::{LABEL, Service};
 use super::workload::{Placement, deployment, job, pod};
@@ -42,14 +43,14 @@ impl Mode {
 pub fn node_mode_survives_reboots(cluster: &mut Cluster) -> Result<Detail> {
     let reboots = boots()?;
     cluster.host.request("chart", &[])?;
-    cluster.host.request("serving", &[NODE])?;
+    serving(&cluster.kube, &[NODE])?;
     let mut service = Service::on_efa_a(cluster)?;
     let outcome = both_modes(cluster, &mut service, reboots);
     let kube = &cluster.kube;
     let restored = service
         .stop()
         .and_then(|()| kube.label_node(NODE, LABEL, None))
-        .and_then(|()| cluster.host.request("serving", &[NODE]).map(drop));
+        .and_then(|()| serving(&cluster.kube, &[NODE]));
     let (ours, theirs) = outcome?;
     restored.context("giving efa-a back to the DaemonSet")?;
     let line = format!(

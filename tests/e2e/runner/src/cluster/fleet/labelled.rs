@@ -84,7 +84,7 @@ fn follows_the_label(cluster: &mut Cluster, install: Install) -> Result<()> {
             .context("cannot label the EFA nodes")?;
     }
     install.run(cluster)?;
-    serving(cluster, &want)?;
+    serving(&cluster.kube, &want)?;
     let nodes = plugin_nodes(cluster)?;
     if nodes != want {
         bail!(

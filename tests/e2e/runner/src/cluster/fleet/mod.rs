@@ -21,17 +21,18 @@ use std::collections::BTreeSet;
 use std::fs;
 use std::io;
 
-use anyhow::{Context, Result, bail, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use efa_device_plugin::testkit::simulate::{FakeDevice, Shape, devices};
 use serde::Deserialize;
 
-use super::Cluster;
 use super::kube::Pod;
+use super::single_node::shown;
 use super::workload::{Placement, pod};
+use super::{Cluster, Kube, NODE_STATUS_PERIOD};
 use crate::cases::Detail;
 use crate::node::RESOURCE;
 use crate::pods::{joined, listing_entries};
-use crate::wait::{secs, wait_for};
+use crate::wait::{secs, wait_for, wait_until};
 
 pub use burst::burst;
 pub use join::late_join;
@@ -86,7 +87,7 @@ pub(super) fn fleet_node(name: &str) -> Result<&'static FleetNode> {
 /// and `helm_args`, and every node with a Ready plugin pod and its count allocatable.
 fn fleet_chart(cluster: &mut Cluster, helm_args: &[&str]) -> Result<()> {
     cluster.host.request("chart", helm_args)?;
-    serving(cluster, &NAMES)
+    serving(&cluster.kube, &NAMES)
 }
 
 /// `body` on the fleet with the chart installed anew; the pods it makes (`pods`) are deleted
@@ -104,9 +105,39 @@ fn with_chart(
     Ok(detail)
 }
 
-/// Each of `nodes` with a Ready plugin pod and its count allocatable.
-fn serving(cluster: &mut Cluster, nodes: &[&str]) -> Result<()> {
-    cluster.host.request("serving", nodes).map(drop)
+/// Each of `nodes` with a serving plugin pod (Ready, not terminating) within 120 s, then its
+/// count allocatable within a node-status period and 30 s: 0 or none on a node without EFA.
+pub(super) fn serving(kube: &Kube, nodes: &[&str]) -> Result<()> {
+    for &name in nodes {
+        let node = fleet_node(name)?;
+        wait_for(&format!("a Ready plugin pod on {name}"), secs(120), || {
+            kube.serving_plugin_pod(name)
+        })
+        .map_err(|err| {
+            let pods = kube
+                .plugin_pods(name)
+                .map_or_else(|err| format!("{err:#}"), |pods| summary(&pods));
+            anyhow!("{err}: {pods}")
+        })?;
+        let allocatable = || kube.allocatable(name, RESOURCE).ok().flatten();
+        let settled = |count: Option<u64>| match node.efas {
+            0 => matches!(count, None | Some(0)),
+            efas => count == Some(efas),
+        };
+        wait_until(
+            &format!("{name} at {} allocatable", node.efas),
+            NODE_STATUS_PERIOD + secs(30),
+            || settled(allocatable()),
+        )
+        .map_err(|err| {
+            anyhow!(
+                "{err}: allocatable on {name} is {}, want {}",
+                shown(allocatable()),
+                node.efas
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// `node`'s EFAs as testkit lays out its shape, checked against the node's tree: the same names

@@ -137,7 +137,7 @@ pub fn drain(cluster: &mut Cluster) -> Result<Detail> {
     let uncordoned = cluster.kube.run(&["uncordon", EFA_A]);
     let outcome = moved.and_then(|replacement| {
         uncordoned.context("uncordon")?;
-        serving(cluster, &[EFA_A])?;
+        serving(&cluster.kube, &[EFA_A])?;
         let allocatable = cluster.kube.allocatable(EFA_A, RESOURCE)?;
         Ok(format!(
             "replacement {} on {EFA_B} with [{}]; {EFA_A} back to {} allocatable",

@@ -91,7 +91,7 @@ pub fn efa_a_rebooted(cluster: &mut Cluster) -> Result<Detail> {
             "{name} ended '{phase} {reason}' after the reboot, want Running or Failed UnexpectedAdmissionError: {outcome}"
         );
     }
-    serving(cluster, &[EFA_A])?;
+    serving(&cluster.kube, &[EFA_A])?;
     let plugin_ms =
         plugin_start_to_register(cluster)?.map_or_else(|| "?".to_owned(), |ms| ms.to_string());
     let detail = format!(

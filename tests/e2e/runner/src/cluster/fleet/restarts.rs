@@ -7,7 +7,7 @@ use anyhow::{Context, Result, anyhow, ensure};
 
 use super::watch::{Sample, rollout as rolled_out_across, steady, watching};
 use super::{
-    EFA_A, EFA_B, FLEET, NAMES, check_devices, fleet_node, start_pod, summary, with_chart,
+    EFA_A, EFA_B, FLEET, NAMES, check_devices, fleet_node, serving, start_pod, summary, with_chart,
 };
 use crate::cases::Detail;
 use crate::cluster::workload::Placement;
@@ -55,7 +55,7 @@ fn upgraded(cluster: &mut Cluster) -> Result<Detail> {
             .kube
             .plugin_rolled_out(secs(300))
             .context("the rollout did not complete within 300s")?;
-        cluster.host.request("serving", &NAMES)?;
+        serving(&cluster.kube, &NAMES)?;
         sleep(secs(2));
         Ok(())
     });
@@ -150,7 +150,7 @@ fn isolated(cluster: &mut Cluster) -> Result<Detail> {
             .host
             .request("restart_kubelet", &[EFA_A])
             .with_context(|| format!("{EFA_A} not Ready after its kubelet restarted"))?;
-        cluster.host.request("serving", &[EFA_A])?;
+        serving(&cluster.kube, &[EFA_A])?;
         let pod = cluster
             .kube
             .serving_plugin_pod(EFA_A)?
@@ -176,7 +176,7 @@ fn isolated(cluster: &mut Cluster) -> Result<Detail> {
                 })
             },
         )?;
-        cluster.host.request("serving", &[EFA_A]).map(drop)
+        serving(&cluster.kube, &[EFA_A])
     });
     disturbed?;
     let after = efa_b_state(cluster, &plugin)?;
