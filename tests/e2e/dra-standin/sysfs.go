@@ -19,18 +19,22 @@ type efa struct {
 // What DRANET's AWS chart filters EFAs by (dra.net/pciDevice).
 const efaPCIDevice = "Elastic Fabric Adapter (EFA)"
 
-// device is the ResourceSlice entry, with DRANET's attribute names.
+// device is the ResourceSlice entry, with DRANET's attribute names. Those in the
+// driver's own domain (dra.net) are written unqualified, the domain being implied:
+// from 1.38 the kubeletplugin helper refuses them qualified
+// (k8s.io/dynamic-resource-allocation resourceslice/validation.go,
+// validateUnqualifiedName), and CEL's device.attributes["dra.net"] finds them either way.
 func (e efa) device() resourceapi.Device {
 	str := func(s string) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{StringValue: ptr.To(s)} }
 	num := func(n int64) resourceapi.DeviceAttribute { return resourceapi.DeviceAttribute{IntValue: ptr.To(n)} }
 	return resourceapi.Device{
 		Name: e.name,
 		Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-			"dra.net/pciAddress":              str(e.pciAddress),
-			"dra.net/pciDevice":               str(efaPCIDevice),
-			"dra.net/rdma":                    {BoolValue: ptr.To(true)},
-			"dra.net/rdmaDevice":              str(e.name),
-			"dra.net/numaNode":                num(e.numaNode),
+			"pciAddress":                      str(e.pciAddress),
+			"pciDevice":                       str(efaPCIDevice),
+			"rdma":                            {BoolValue: ptr.To(true)},
+			"rdmaDevice":                      str(e.name),
+			"numaNode":                        num(e.numaNode),
 			"resource.kubernetes.io/pcieRoot": str(e.pcieRoot),
 			"resource.kubernetes.io/numaNode": num(e.numaNode),
 		},

@@ -71,10 +71,18 @@ kube_binaries() {
 KUBE_NEWER_TOOLCHAIN=go1.27.3
 
 # kube_module_gomod WORK: the path of k8s.io/kubernetes's own go.mod at
-# $KUBE_VERSION, downloaded from WORK, a dir without a go.mod.
+# $KUBE_VERSION, downloaded from WORK, a dir without a go.mod. The download
+# may report an error and still fetch the go.mod (a newer Go asked for): only a
+# go.mod that is not there fails, with the download's error on stderr.
 kube_module_gomod() {
-	(cd "$1" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION") |
-		sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p'
+	local json gomod
+	json=$(cd "$1" && go mod download -json "k8s.io/kubernetes@$KUBE_VERSION")
+	gomod=$(sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")
+	if [[ ! -f $gomod ]]; then
+		echo "no go.mod of k8s.io/kubernetes@$KUBE_VERSION: $(sed -n 's/^[[:space:]]*"Error": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")" >&2
+		return 1
+	fi
+	echo "$gomod"
 }
 
 # use_kube_toolchain GOMOD: GOTOOLCHAIN set to KUBE_NEWER_TOOLCHAIN for the

@@ -240,11 +240,21 @@ impl SliceDevice {
             Some(other) => other.to_string(),
             None => "-".to_owned(),
         };
+        // The driver's own attributes, qualified or (as 1.38's kubeletplugin helper wants them)
+        // not: the driver's name is implied.
+        let own = |name: &str| {
+            let qualified = attribute(&format!("{DRIVER}/{name}"));
+            if qualified == "-" {
+                attribute(name)
+            } else {
+                qualified
+            }
+        };
         format!(
             "{} {} {} {} {}",
             self.name,
-            attribute("dra.net/pciAddress"),
-            attribute("dra.net/rdmaDevice"),
+            own("pciAddress"),
+            own("rdmaDevice"),
             attribute("resource.kubernetes.io/pcieRoot"),
             attribute("resource.kubernetes.io/numaNode")
         )
