@@ -842,7 +842,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_slice_device_is_read_with_dranets_attributes() {
+    fn a_slice_device_is_read_with_dranets_attributes_qualified_or_not() {
         let slice: ResourceSlice = serde_json::from_value(json!({
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
             "spec": {
@@ -857,6 +857,12 @@ mod tests {
                         "resource.kubernetes.io/pcieRoot": {"string": "pci0000:10"},
                         "resource.kubernetes.io/numaNode": {"int": 0}
                     }
+                }, {
+                    "name": "rdmap32s27",
+                    "attributes": {
+                        "pciAddress": {"string": "0000:20:1b.0"},
+                        "rdmaDevice": {"string": "rdmap32s27"}
+                    }
                 }, {"name": "bare"}]
             }
         }))
@@ -866,6 +872,7 @@ mod tests {
             lines,
             [
                 "rdmap16s27 0000:10:1b.0 rdmap16s27 pci0000:10 0",
+                "rdmap32s27 0000:20:1b.0 rdmap32s27 - -",
                 "bare - - - -"
             ]
         );
