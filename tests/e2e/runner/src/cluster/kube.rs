@@ -498,6 +498,12 @@ impl Kube {
         self.serving_pod(&plugin_selector(), node)
     }
 
+    /// The plugin pod that serves `node`; an error while there is none.
+    pub fn serving_plugin(&self, node: &str) -> Result<Pod> {
+        self.serving_plugin_pod(node)?
+            .with_context(|| format!("no Ready plugin pod on {node}"))
+    }
+
     /// The one pod of the plugins' namespace on `node` with the label `selector` that serves
     /// it; `None` while there is none, or more than one.
     pub fn serving_pod(&self, selector: &str, node: &str) -> Result<Option<Pod>> {

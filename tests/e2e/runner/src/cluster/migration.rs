@@ -34,8 +34,6 @@ const HOLDER: &str = "mig-h";
 const NEW: &str = "mig-n";
 /// The label the AWS chart gives the stand-in's pods (its release's name).
 const STANDIN: &str = "name=aws-efa-k8s-device-plugin";
-/// Where efa-a's kubelet serves PodResources, which CloudWatch's agent asks.
-const POD_RESOURCES_SOCKET: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 /// How long the allocatable sampler sleeps between answers: the Node's figure changes only
 /// with a status report, but the time below 4 is read to a fraction of a second.
 const SAMPLE_PAUSE: Duration = Duration::from_millis(200);
@@ -225,10 +223,7 @@ pub fn pci(cluster: &mut Cluster) -> Result<Detail> {
             rolled_out(&cluster.kube)
         });
         migrated?;
-        let pod = cluster
-            .kube
-            .serving_plugin_pod(NODE)?
-            .with_context(|| format!("no Ready plugin pod on {NODE}"))?;
+        let pod = cluster.kube.serving_plugin(NODE)?;
         let foreign = wait_for(&format!("{FOREIGN} 2"), secs(60), || {
             Ok(metric(&pod, FOREIGN).ok().filter(|value| value == "2"))
         })
@@ -434,7 +429,7 @@ fn cloudwatch_lookup(cluster: &mut Cluster) -> Result<Vec<String>> {
         .map(|entry| Ok(entry?.file_name().to_string_lossy().into_owned()))
         .collect::<Result<Vec<String>>>()?;
     names.sort();
-    let socket = cluster.host_path(NODE, POD_RESOURCES_SOCKET)?;
+    let socket = cluster.pod_resources(NODE)?;
     let resources = pod_resources::list(&socket)?;
     Ok(names
         .into_iter()

@@ -45,6 +45,7 @@ use single_node::Overlay;
 const FIXTURES_SYSFS: &str = "/run/efa-device-plugin-e2e/sys";
 const DEVICE_NODES: &str = "/dev/infiniband";
 const CHECKPOINT: &str = "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint";
+const POD_RESOURCES: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
 /// How often every kubelet of the suite reports node status (`NODE_STATUS_PERIOD` in
 /// cluster.sh): allocatable moves on the next report.
 pub const NODE_STATUS_PERIOD: Duration = Duration::from_secs(10);
@@ -92,6 +93,11 @@ impl Cluster {
             dev,
             nodes: Nodes::CharDevices,
         })
+    }
+
+    /// Where the host sees `node`'s kubelet's PodResources socket.
+    pub fn pod_resources(&mut self, node: &str) -> Result<PathBuf> {
+        self.host_path(node, POD_RESOURCES)
     }
 
     pub fn checkpoint(&mut self, node: &str) -> Result<Checkpoint> {

@@ -52,7 +52,7 @@ impl Service {
             cluster.host_path(NODE, "/run/efa-device-plugin-e2e/sys")?,
             PathBuf::from("/dev"),
             cluster.host_path(NODE, "/var/lib/kubelet/device-plugins")?,
-            cluster.host_path(NODE, "/var/lib/kubelet/pod-resources/kubelet.sock")?,
+            cluster.pod_resources(NODE)?,
             cluster.run.clone(),
         );
         Ok(Service {

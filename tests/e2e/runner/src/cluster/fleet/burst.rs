@@ -223,9 +223,7 @@ fn selector() -> String {
 
 /// The plugin's log on `node` since `since` (RFC 3339).
 fn plugin_log(kube: &Kube, node: &str, since: &str) -> Result<String> {
-    let pod = kube
-        .serving_plugin_pod(node)?
-        .ok_or_else(|| anyhow::anyhow!("no Ready plugin pod on {node}"))?;
+    let pod = kube.serving_plugin(node)?;
     kube.run(&[
         "logs",
         "-n",

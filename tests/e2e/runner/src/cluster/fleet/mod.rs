@@ -345,10 +345,7 @@ pub(super) fn listed(cluster: &Cluster, pod: &str) -> Result<Vec<Listed>> {
 
 /// The IDs `list` prints in `node`'s plugin pod, sorted.
 fn listed_ids(cluster: &Cluster, node: &str) -> Result<Vec<String>> {
-    let pod = cluster
-        .kube
-        .serving_plugin_pod(node)?
-        .with_context(|| format!("no Ready plugin pod on {node}"))?;
+    let pod = cluster.kube.serving_plugin(node)?;
     let mut ids: Vec<String> = listed(cluster, &pod.metadata.name)?
         .into_iter()
         .map(|efa| efa.id)

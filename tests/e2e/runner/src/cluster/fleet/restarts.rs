@@ -138,12 +138,7 @@ fn efa_b_state(cluster: &Cluster, plugin: &str) -> Result<String> {
 
 fn isolated(cluster: &mut Cluster) -> Result<Detail> {
     start_pod(cluster, HELD_B, 2, Placement::Node(EFA_B))?;
-    let plugin = cluster
-        .kube
-        .serving_plugin_pod(EFA_B)?
-        .with_context(|| format!("no Ready plugin pod on {EFA_B}"))?
-        .metadata
-        .name;
+    let plugin = cluster.kube.serving_plugin(EFA_B)?.metadata.name;
     let before = efa_b_state(cluster, &plugin)?;
     let (disturbed, samples) = watching(&cluster.kube, || -> Result<()> {
         cluster
@@ -151,10 +146,7 @@ fn isolated(cluster: &mut Cluster) -> Result<Detail> {
             .request("restart_kubelet", &[EFA_A])
             .with_context(|| format!("{EFA_A} not Ready after its kubelet restarted"))?;
         serving(&cluster.kube, &[EFA_A])?;
-        let pod = cluster
-            .kube
-            .serving_plugin_pod(EFA_A)?
-            .with_context(|| format!("no Ready plugin pod on {EFA_A}"))?;
+        let pod = cluster.kube.serving_plugin(EFA_A)?;
         let container = pod
             .status
             .container_statuses

@@ -64,7 +64,6 @@ const KNOWN_ADMISSION: &str = "Allocate failed due to (no healthy devices presen
 const KNOWN_KILL: &str = "^(ContainerStatusUnknown|Error/137)$";
 const CDI_SPEC: &str = "/run/cdi/vpc.amazonaws.com-efa.json";
 const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
-const DEVICE_NODES: &str = "/dev/infiniband";
 const DOUBLE_BOOKED: &str = "efa_device_plugin_double_booked_devices";
 
 /// The day-two events, in the order the seed draws them from.
@@ -304,7 +303,7 @@ impl Soak<'_> {
                 self.cluster.kube.plugin_rolled_out(RECOVERY)
             }
             Event::Kill => {
-                let pod = serving(self.cluster, node)?;
+                let pod = self.cluster.kube.serving_plugin(node)?;
                 let container = pod
                     .container_id()
                     .with_context(|| format!("{} has no container", pod.metadata.name))?
@@ -349,7 +348,7 @@ impl Soak<'_> {
     fn flap(&mut self, node: &str) -> Result<()> {
         let count = fleet_node(node)?.efas;
         let index = self.draws.below(count as u32);
-        let dir = self.cluster.host_path(node, DEVICE_NODES)?;
+        let dir = self.cluster.fake_node(node)?.dev.join("infiniband");
         let (present, aside) = (
             dir.join(format!("uverbs{index}")),
             dir.join(format!(".uverbs{index}")),
@@ -425,7 +424,7 @@ impl Soak<'_> {
 
     /// `node`'s detector, its registered endpoints, and its plugin's RSS and fds.
     fn node_check(&mut self, node: &'static str) -> Result<()> {
-        let pod = serving(self.cluster, node)?;
+        let pod = self.cluster.kube.serving_plugin(node)?;
         let metrics = pod.plugin_http("/metrics").unwrap_or_default();
         let doubles: u64 = sample(&metrics, DOUBLE_BOOKED)
             .and_then(|value| value.parse().ok())
@@ -618,14 +617,6 @@ fn longest_run(samples: &[(u32, u32, u64, u64)]) -> Vec<(u32, u32, u64, u64)> {
         .into_values()
         .max_by_key(Vec::len)
         .unwrap_or_default()
-}
-
-/// The serving plugin pod on `node`.
-fn serving(cluster: &Cluster, node: &str) -> Result<Pod> {
-    cluster
-        .kube
-        .serving_plugin_pod(node)?
-        .with_context(|| format!("no Ready plugin pod on {node}"))
 }
 
 /// Process `pid`'s resident memory in KiB and its open file descriptors, read on the host.

@@ -39,9 +39,6 @@ pub struct NodeView {
     pub devices: BTreeMap<String, DevNum>,
 }
 
-/// Where the kubelets serve PodResources, as each node sees it.
-const POD_RESOURCES: &str = "/var/lib/kubelet/pod-resources/kubelet.sock";
-
 /// How the ground truth reads each of `nodes`: its cgroup root (the suite's), where the host
 /// sees its PodResources socket, and its EFAs as testkit lays out its shape, checked against
 /// its tree.
@@ -56,7 +53,7 @@ pub fn views(cluster: &mut Cluster, nodes: &[&str]) -> Result<Vec<NodeView>> {
             Ok(NodeView {
                 name: name.to_owned(),
                 cgroup_root: cluster.host.request("cgroup_root", &[name])?,
-                pod_resources: cluster.host_path(name, POD_RESOURCES)?,
+                pod_resources: cluster.pod_resources(name)?,
                 devices,
             })
         })
