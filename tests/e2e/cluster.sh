@@ -47,8 +47,6 @@ ETCD_PORT=23790
 APISERVER_PORT=16443
 KUBELET_HEALTHZ_PORT=10248
 HOST_PATHS=(/var/lib/kubelet /var/log/containers /var/log/pods /run/containerd /run/nri /run/netns /var/lib/cni /opt/containerd /etc/cni /run/efa-device-plugin-e2e /dev/infiniband /run/cdi /etc/cdi)
-# The propagation of the /dev mount before the run; see make_dev_shared.
-DEV_PROPAGATION=
 TEST_VALUES=$HERE/cluster/values-e2e.yaml
 
 SUITE=cluster
@@ -72,6 +70,7 @@ start_daemon() {
 	"$@" >>"$T/logs/$name.log" 2>&1 9>&- &
 	[[ -n ${PIDS[$name]+set} ]] || DAEMONS+=("$name")
 	PIDS[$name]=$!
+	remember_process "$!"
 }
 
 # stop_daemon NAME: stops what start_daemon NAME started, if it runs; a
@@ -142,8 +141,9 @@ write_kubeconfig() {
 # CNI bridge plugin then attaches pods to it. No masquerade and no routes:
 # pods reach the host over the bridge and nothing else.
 make_pod_network() {
-	ip link add "$BRIDGE" type bridge &&
-		ip addr add "$NODE_IP/24" dev "$BRIDGE" &&
+	ip link add "$BRIDGE" type bridge || return 1
+	on_restore ip link del "$BRIDGE"
+	ip addr add "$NODE_IP/24" dev "$BRIDGE" &&
 		ip link set "$BRIDGE" up || return 1
 	write_node_network "$NODE"
 }
@@ -270,8 +270,11 @@ fake_host() { "$(dirname "$RUNNER")/efa-fake-host" --shape "$1" --sysfs "$2" --d
 # a host without systemd may keep /dev private, so the run shares it and
 # restores it afterwards.
 make_dev_shared() {
-	DEV_PROPAGATION=$(findmnt -no PROPAGATION /dev) || return 1
-	[[ $DEV_PROPAGATION == shared* ]] || mount --make-shared /dev
+	local propagation
+	propagation=$(findmnt -no PROPAGATION /dev) || return 1
+	[[ $propagation == shared* ]] && return 0
+	mount --make-shared /dev || return 1
+	on_restore mount "--make-${propagation%%,*}" /dev
 }
 
 # ---------------------------------------------------------------- cleanup
@@ -292,11 +295,7 @@ cleanup() {
 	for i in "${NODE_MOUNTS[@]}"; do
 		kill_in_mount_namespace "$i"
 	done
-	ip link del "$BRIDGE" 2>/dev/null
-	# Before restore_host_state, which unmounts what the run mounted.
-	arm64_cleanup
-	restore_host_state "${HOST_PATHS[@]}"
-	[[ -z $DEV_PROPAGATION || $DEV_PROPAGATION == shared* ]] || mount "--make-$DEV_PROPAGATION" /dev
+	restore_host_state
 }
 
 cluster_cases() { runner_cases; }

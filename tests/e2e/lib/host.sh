@@ -2,6 +2,9 @@
 # What both end-to-end suites need to run daemons on this host and to leave it
 # as they found it: process handling, polling, and a record of the host state
 # that kubelets and containerd change whatever they are configured with.
+# The record lives on disk, in T/host, and not in shell variables: a run that
+# was killed leaves it behind, and the next run undoes that run with it
+# (undo_killed_runs).
 # The caller sets SUITE (its name) and T (its temp dir, with T/host for the
 # records), sources build.sh (for CACHE) and defines cleanup, which finish runs
 # on every exit path.
@@ -16,11 +19,6 @@ LOCK_HELD=
 # Kernel tunables the kubelet rewrites at start (protectKernelDefaults would
 # instead refuse to start on a host with other values).
 SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
-declare -A HOST_PATH_EXISTED=()
-declare -A SYSCTL_VALUE=()
-# Paths moved aside for the run and put back by restore_host_state.
-declare -A MOVED_ASIDE=()
-
 # The suite's tally: the runner's, and a setup that failed.
 PASSED=0
 FAILED=0
@@ -94,8 +92,6 @@ take_lock() {
 	LOCK_HELD=1
 }
 
-# remember_host_state PATH...: records which of PATH... exist and what they
-# hold, the kubelet's tunables, cgroups, mounts and firewall rules.
 # make_test_images BUSYBOX: a busybox image and a pause image, both made from
 # the static busybox binary BUSYBOX, as T/images/busybox.tar and pause.tar.
 make_test_images() {
@@ -111,24 +107,47 @@ import_test_images() {
 		ctr_k8s images import "$T/images/pause.tar" >&2
 }
 
+# remember_host_state PATH...: records which of PATH... exist and what they
+# hold, the kubelet's tunables, cgroups, mounts and firewall rules.
 remember_host_state() {
 	local p s
 	for p in "$@"; do
-		if [[ -e $p ]]; then
-			HOST_PATH_EXISTED[$p]=1
-			find "$p" -mindepth 1 -maxdepth 1 | sort >"$T/host/$(tr / _ <<<"$p")"
-		fi
+		[[ -e $p ]] && find "$p" -mindepth 1 -maxdepth 1 | sort >"$(host_listing "$p")"
 	done
 	for s in "${SYSCTLS[@]}"; do
-		SYSCTL_VALUE[$s]=$(cat "/proc/sys/$s")
-	done
+		printf '%s %s\n' "$s" "$(cat "/proc/sys/$s")"
+	done >"$T/host/sysctls"
 	find /sys/fs/cgroup -mindepth 1 -type d | sort >"$T/host/cgroups"
 	awk '{print $5}' /proc/self/mountinfo | sort >"$T/host/mounts"
 	if command -v iptables-save >/dev/null; then
 		iptables-save >"$T/host/iptables" 2>/dev/null
 		ip6tables-save >"$T/host/ip6tables" 2>/dev/null
 	fi
+	# Last: undo_killed_runs takes a record without it for one that never began,
+	# since every path missing its listing would be removed.
+	printf '%s\n' "$@" >"$T/host/paths"
 }
+
+# host_listing PATH: where remember_host_state lists what PATH held; there is
+# none if PATH did not exist.
+host_listing() { echo "$T/host/listing$(tr / _ <<<"$1")"; }
+
+# on_restore CMD...: restore_host_state runs CMD, the last recorded first,
+# before it unmounts anything: for what a setup step changed outside the
+# paths, cgroups and mounts the record covers (a bridge, a mount's propagation).
+on_restore() {
+	printf '%q ' "$@" >>"$T/host/undo"
+	echo >>"$T/host/undo"
+}
+
+# remember_process PID: a daemon the run started, stopped by undo_killed_runs
+# if the run is killed; its start time tells it from a later process that got
+# the same PID.
+remember_process() {
+	printf '%s %s\n' "$1" "$(process_start "$1")" >>"$T/host/processes"
+}
+
+process_start() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
 
 # move_aside PATH: keeps what is at PATH out of the run (a checkpoint or
 # socket left by anything else would leak into the kubelet's state and our
@@ -137,8 +156,7 @@ move_aside() {
 	local keep
 	[[ -e $1 || -L $1 ]] || return 0
 	keep=$T/host/aside$(tr / _ <<<"$1")
-	mv "$1" "$keep"
-	MOVED_ASIDE[$1]=$keep
+	mv "$1" "$keep" && printf '%s\t%s\n' "$1" "$keep" >>"$T/host/aside"
 }
 
 # kill_containerd STATE_DIR PID CTR...: kills every task in the k8s.io
@@ -170,10 +188,15 @@ kill_containerd() {
 	done
 }
 
+# remove_new_cgroups: the cgroups the run's kubelets made (kubepods, and each
+# node's cgroup root), deepest first, with whatever still runs in them. Only
+# those: anything else on the host may make cgroups while a run lasts, and a
+# killed run is undone long after its record was taken.
 remove_new_cgroups() {
 	local dir pid
 	find /sys/fs/cgroup -mindepth 1 -type d | sort >"$T/host/cgroups.after"
-	comm -13 "$T/host/cgroups" "$T/host/cgroups.after" | awk -F/ '{print NF, $0}' | sort -rn | cut -d' ' -f2- >"$T/host/cgroups.new"
+	comm -13 "$T/host/cgroups" "$T/host/cgroups.after" | grep -E '^/sys/fs/cgroup/([^/]+/)?(kubepods|efa-e2e-)' |
+		awk -F/ '{print NF, $0}' | sort -rn | cut -d' ' -f2- >"$T/host/cgroups.new"
 	for _ in 1 2 3 4 5; do
 		while read -r dir; do
 			[[ -d $dir ]] || continue
@@ -197,33 +220,75 @@ unmount_new() {
 		done
 }
 
-# restore_host_state PATH...: undoes what remember_host_state recorded, for
-# the same PATH... list, then puts back what move_aside kept.
+# restore_host_state: undoes what remember_host_state recorded, on_restore's
+# commands first, then puts back what move_aside kept. Also for a killed run's
+# record, so it reads nothing but T/host.
 restore_host_state() {
-	local p entry s
+	local p entry s value keep
+	# A setup that failed before remember_host_state finished changed nothing yet.
+	[[ -f $T/host/paths ]] || return 0
+	[[ -f $T/host/undo ]] && tac "$T/host/undo" | while read -r entry; do eval "$entry"; done
 	remove_new_cgroups
 	unmount_new
-	for p in "$@"; do
-		if [[ -z ${HOST_PATH_EXISTED[$p]:-} ]]; then
+	while read -r p; do
+		if [[ ! -f $(host_listing "$p") ]]; then
 			rm -rf "$p"
 		elif [[ -d $p ]]; then
-			find "$p" -mindepth 1 -maxdepth 1 | sort | comm -13 "$T/host/$(tr / _ <<<"$p")" - |
+			find "$p" -mindepth 1 -maxdepth 1 | sort | comm -13 "$(host_listing "$p")" - |
 				while read -r entry; do rm -rf "$entry"; done
 		fi
-	done
-	for p in "${!MOVED_ASIDE[@]}"; do
+	done <"$T/host/paths"
+	# A cleanup that was itself killed may have put some back already.
+	[[ -f $T/host/aside ]] && while IFS=$'\t' read -r p keep; do
+		[[ -e $keep || -L $keep ]] || continue
 		rm -rf "$p"
 		mkdir -p "$(dirname "$p")"
-		mv "${MOVED_ASIDE[$p]}" "$p"
-	done
-	for s in "${!SYSCTL_VALUE[@]}"; do
-		[[ $(cat "/proc/sys/$s") == "${SYSCTL_VALUE[$s]}" ]] || echo "${SYSCTL_VALUE[$s]}" >"/proc/sys/$s"
-	done
+		mv "$keep" "$p"
+	done <"$T/host/aside"
+	while read -r s value; do
+		[[ $(cat "/proc/sys/$s") == "$value" ]] || echo "$value" >"/proc/sys/$s"
+	done <"$T/host/sysctls"
 	if [[ -f $T/host/iptables ]]; then
 		rules_changed iptables && iptables-restore <"$T/host/iptables"
 		rules_changed ip6tables && ip6tables-restore <"$T/host/ip6tables"
 	fi
 	return 0
+}
+
+# undo_killed_runs: with the lock held no other run is alive, so a run dir that
+# still holds a record of the host is a killed run's (a run that ends cleans up
+# and removes its dir): its processes are killed and the host is put back as
+# that run found it.
+undo_killed_runs() {
+	local dir
+	for dir in /tmp/efa-dp-*.*/; do
+		[[ -f $dir/host/paths ]] || continue
+		note "undoing what a killed run left in ${dir%/}"
+		undo_run "${dir%/}" >>"$CACHE/undo-killed-runs.log" 2>&1
+		rm -rf "$dir"
+	done
+}
+
+# undo_run DIR: kill_leftovers and restore_host_state for the run whose temp
+# dir was DIR, which they see as T.
+undo_run() {
+	local T=$1
+	kill_leftovers
+	restore_host_state
+}
+
+# kill_leftovers: the processes of the run at T: the daemons it remembered,
+# and anything else it started, which names T on its command line (the
+# runner, kubelets, containerd, shims, plugins in node mode).
+kill_leftovers() {
+	local pid start proc
+	[[ -f $T/host/processes ]] && while read -r pid start; do
+		[[ $(process_start "$pid") == "$start" ]] && kill -KILL "$pid"
+	done <"$T/host/processes"
+	for proc in /proc/[0-9]*; do
+		grep -qaF -- "$T" "$proc/cmdline" 2>/dev/null && kill -KILL "${proc#/proc/}" 2>/dev/null
+	done
+	sleep 1
 }
 
 # rules_changed iptables|ip6tables: the rules differ from the recorded ones,

@@ -77,6 +77,7 @@ start_containerd() {
 	EOF
 	containerd --config "$c/config.toml" >"$T/logs/containerd.log" 2>&1 9>&- &
 	CONTAINERD_PID=$!
+	remember_process "$CONTAINERD_PID"
 	wait_until 30 ctr_k8s version >/dev/null 2>&1 || return 1
 
 	import_test_images "$BUSYBOX"
@@ -144,5 +145,5 @@ stop_standalone() {
 		[[ -f $pid_file ]] && stop_pid "$(cat "$pid_file")" 30
 	done
 	[[ -n $CONTAINERD_PID ]] && kill_containerd "$T/containerd/state" "$CONTAINERD_PID" ctr_k8s
-	restore_host_state "${HOST_PATHS[@]}"
+	restore_host_state
 }

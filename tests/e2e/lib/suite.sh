@@ -17,6 +17,7 @@ claim_host() {
 	[[ $EUID -eq 0 ]] || fail_setup "must run as root"
 	take_lock || fail_setup "another e2e run holds $LOCK"
 	mkdir -p "$CACHE"
+	undo_killed_runs
 }
 
 # require_free_ports WHAT PORT...: nothing listens on PORT... yet; WHAT names
