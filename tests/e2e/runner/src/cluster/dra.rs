@@ -14,6 +14,7 @@ use std::fs;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::thread::sleep;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
 use serde::Deserialize;
@@ -51,6 +52,23 @@ const HELD_WARNING: &str = "while an EFA DRA driver is registered";
 /// The first version whose kubelet starts a DRA pod for the resource a restart found in its
 /// device-plugin checkpoint (kubernetes PR #141426).
 const RESTART_FIXED: &str = "v1.38";
+/// The first DRA helper (k8s.io/dynamic-resource-allocation, built at the cluster's version)
+/// that publishes again as soon as the kubelet deletes its ResourceSlice. Before it, the
+/// resourceslice controller's DeleteFunc leaves the slice in its mutation cache, so the sync
+/// the delete triggers still finds it, and it is created again only by the re-sync due when its
+/// last add leaves that cache (`DefaultMutationCacheTTL`, one minute; v0.37 added
+/// `c.sliceStore.OnDelete(slice)` to DeleteFunc, resourceslicecontroller.go:666 in v0.37.2). A
+/// kubelet wipes its node's slices at every start (`NewDRAPluginManager`).
+const REPUBLISHES_AT_ONCE: &str = "v1.37";
+/// How long a slice may take to come back after the kubelet wiped it: at once from
+/// [`REPUBLISHES_AT_ONCE`], else up to the helper's mutation cache TTL after its last add.
+fn republish_within(kube_version: &str) -> Duration {
+    if runs_at(Some(REPUBLISHES_AT_ONCE), None, kube_version) {
+        secs(30)
+    } else {
+        secs(90)
+    }
+}
 /// The first pod (through the plugin), the pods after it, and a second DRA pod.
 const P1: &str = "dra-p1";
 const P2: &str = "dra-p2";
@@ -149,7 +167,7 @@ fn install_driver(cluster: &mut Cluster) -> Result<()> {
         standin_pods(cluster).is_ok_and(|pods| pods.first().is_some_and(Pod::serves))
     })
     .map_err(|err| anyhow!("{err}: {}", standin_state(cluster)))?;
-    registered_and_published(cluster)
+    registered_and_published(cluster, secs(30)).map(drop)
 }
 
 /// The stand-in's pods and its last log lines, for a failure's reason.
@@ -171,8 +189,9 @@ fn standin_state(cluster: &Cluster) -> String {
 }
 
 /// The driver's socket in `plugins_registry` within 30 s, then a ResourceSlice of the node with
-/// exactly its 4 EFAs, named by ibdev, with DRANET's attributes.
-fn registered_and_published(cluster: &mut Cluster) -> Result<()> {
+/// exactly its 4 EFAs, named by ibdev, with DRANET's attributes, within `slice_within`; how long
+/// the slice took.
+fn registered_and_published(cluster: &mut Cluster, slice_within: Duration) -> Result<Duration> {
     let socket = dra_socket(cluster)?;
     wait_until(
         &format!("the driver registered ({})", socket.display()),
@@ -180,10 +199,12 @@ fn registered_and_published(cluster: &mut Cluster) -> Result<()> {
         || socket_is_there(&socket),
     )
     .map_err(|err| anyhow!("{err}: {}", standin_state(cluster)))?;
-    wait_until("a ResourceSlice with 4 EFAs", secs(30), || {
+    let start = Instant::now();
+    wait_until("a ResourceSlice with 4 EFAs", slice_within, || {
         published(cluster).is_ok_and(|devices| devices.len() == 4)
     })
     .map_err(|err| anyhow!("{err}: {}", standin_state(cluster)))?;
+    let took = start.elapsed();
     let got = published(cluster)?;
     let want: BTreeSet<String> = efas_of(cluster, fleet_node(NODE)?)?
         .iter()
@@ -201,7 +222,7 @@ fn registered_and_published(cluster: &mut Cluster) -> Result<()> {
         joined(&got, "|"),
         joined(&want, "|")
     );
-    Ok(())
+    Ok(took)
 }
 
 #[derive(Deserialize)]
@@ -782,8 +803,8 @@ fn restarted_after_handoff(cluster: &mut Cluster) -> Result<Detail> {
         .host
         .request("restart_kubelet", &[NODE])
         .with_context(|| format!("{NODE} not Ready after its kubelet restarted"))?;
-    registered_and_published(cluster)
-        .context("the DRA stand-in did not register again after the kubelet restart")?;
+    let republished = registered_and_published(cluster, republish_within(&cluster.kube_version))
+        .context("the DRA stand-in did not register and publish again after the kubelet restart")?;
     uncordon(cluster)?;
     make_pod(cluster, P2, 1)?;
     let kube = &cluster.kube;
@@ -827,8 +848,9 @@ fn restarted_after_handoff(cluster: &mut Cluster) -> Result<Detail> {
         }
     };
     Ok(format!(
-        "kubelet {} restarted after the hand-over: {outcome}",
-        cluster.kube_version
+        "kubelet {} restarted after the hand-over: ResourceSlice back {:.1}s after the node was Ready; {outcome}",
+        cluster.kube_version,
+        republished.as_secs_f64()
     ))
 }
 

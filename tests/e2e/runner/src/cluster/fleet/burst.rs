@@ -306,13 +306,15 @@ fn field<'a>(record: &'a Value, key: &str) -> BTreeSet<&'a str> {
 /// offered, the IDs the plugin chose.
 struct Answer<'a> {
     at: f64,
+    stamp: &'a str,
     offered: BTreeSet<&'a str>,
     chosen: BTreeSet<&'a str>,
 }
 
 /// From the plugins' `GetPreferredAllocation` debug lines: how often the kubelet offered an ID
 /// again within [`REOFFER_WITHIN`] of an answer choosing it (it takes the answer, so it had just
-/// allocated that ID: it lost track of it), and how often the new answer left such IDs out.
+/// allocated that ID: it lost track of it), and how often the new answer left such IDs out; then
+/// each such offer: node, when, the IDs, how long after their choice.
 fn reoffers(log: &str) -> String {
     let mut answers: BTreeMap<&str, Vec<Answer>> = BTreeMap::new();
     let records: Vec<(&str, Value)> = records(log).collect();
@@ -320,41 +322,63 @@ fn reoffers(log: &str) -> String {
         if record["message"] != "answered GetPreferredAllocation" {
             continue;
         }
-        let Some(at) = record["timestamp"]
-            .as_str()
-            .and_then(|stamp| humantime::parse_rfc3339(stamp).ok())
+        let stamp = record["timestamp"].as_str().unwrap_or_default();
+        let Some(at) = humantime::parse_rfc3339(stamp)
+            .ok()
             .and_then(|at| at.duration_since(SystemTime::UNIX_EPOCH).ok())
         else {
             continue;
         };
         answers.entry(node).or_default().push(Answer {
             at: at.as_secs_f64(),
+            stamp,
             offered: field(record, "offered"),
             chosen: field(record, "answer"),
         });
     }
-    let (mut count, mut again, mut steered) = (0, 0, 0);
-    for seq in answers.values_mut() {
+    let (mut count, mut steered) = (0, 0);
+    let mut again = Vec::new();
+    for (node, seq) in &mut answers {
         seq.sort_by(|a, b| a.at.total_cmp(&b.at));
         for (i, answer) in seq.iter().enumerate() {
             count += 1;
             let mut lost = BTreeSet::new();
+            // Since the latest answer that chose one of them.
+            let mut after = None;
             for before in seq[..i].iter().rev() {
                 if answer.at - before.at > REOFFER_WITHIN {
                     break;
                 }
-                lost.extend(before.chosen.intersection(&answer.offered).copied());
+                let chosen_again: Vec<&str> = before
+                    .chosen
+                    .intersection(&answer.offered)
+                    .copied()
+                    .collect();
+                if !chosen_again.is_empty() {
+                    after.get_or_insert(answer.at - before.at);
+                }
+                lost.extend(chosen_again);
             }
             if !lost.is_empty() {
-                again += 1;
                 if lost.is_disjoint(&answer.chosen) {
                     steered += 1;
                 }
+                again.push(format!(
+                    "{node} {} {} {:.0} ms after",
+                    answer.stamp,
+                    lost.iter().copied().collect::<Vec<_>>().join(","),
+                    after.unwrap_or_default() * 1000.0
+                ));
             }
         }
     }
     format!(
-        "{count} GetPreferredAllocation answers; an ID offered again within {REOFFER_WITHIN} s of being chosen: {again}, left out by the answer: {steered}"
+        "{count} GetPreferredAllocation answers; an ID offered again within {REOFFER_WITHIN} s of being chosen: {}, left out by the answer: {steered}{}",
+        again.len(),
+        again
+            .iter()
+            .map(|offer| format!("\n  {offer}"))
+            .collect::<String>()
     )
 }
 
@@ -484,7 +508,7 @@ efa-b not json"#;
     fn an_id_offered_again_within_a_second_of_its_choice_was_lost() {
         assert_eq!(
             reoffers(LOG),
-            "3 GetPreferredAllocation answers; an ID offered again within 1 s of being chosen: 1, left out by the answer: 1"
+            "3 GetPreferredAllocation answers; an ID offered again within 1 s of being chosen: 1, left out by the answer: 1\n  efa-a 2026-12-07T01:00:00.600Z rdmap16s27 500 ms after"
         );
     }
 
