@@ -46,6 +46,9 @@ main() {
 	# Every daemon has to inherit the namespace, so the whole suite runs in it;
 	# exec keeps the PID, and the mounts go when its last process exits.
 	if [[ -z ${EFA_DP_E2E_UNSHARED:-} ]]; then
+		# A killed run's leftovers are the host's: claim_host undoes them out here, as the
+		# private namespace would undo only its copy of the mounts. Inside, it takes the lock again.
+		claim_host
 		EFA_DP_E2E_OUTER_MOUNTS=$(readlink /proc/self/ns/mnt) EFA_DP_E2E_UNSHARED=1 exec unshare --mount --propagation private -- bash "$0" "$@"
 	fi
 	run_suite topology_cases
