@@ -14,7 +14,7 @@ use crate::cluster::{
 };
 use crate::kubelet::modified_since;
 use crate::node::{HOLDER, Node, RESOURCE, ensure};
-use crate::plugin::{Stopped, allocation_series, sample};
+use crate::plugin::{DOUBLE_BOOKED, Stopped, allocation_series, sample};
 use crate::pods::{Restart, joined, listing_entries};
 use crate::topology::{Topology, cases as topology};
 use crate::wait::{secs, wait_until};
@@ -871,7 +871,7 @@ fn admin_queue_closed(node: &mut Node) -> Result<Detail> {
 fn double_booked_stays_zero(node: &Node, what: &str) -> Result<()> {
     for _ in 0..6 {
         let metrics = node.plugin.metrics().unwrap_or_default();
-        let value = sample(&metrics, "efa_device_plugin_double_booked_devices").unwrap_or_default();
+        let value = sample(&metrics, DOUBLE_BOOKED).unwrap_or_default();
         ensure(value == "0", || {
             let log = fs::read_to_string(node.plugin.log()).unwrap_or_default();
             let booked: Vec<&str> = log
@@ -880,7 +880,7 @@ fn double_booked_stays_zero(node: &Node, what: &str) -> Result<()> {
                 .take(3)
                 .collect();
             format!(
-                "{what}: efa_device_plugin_double_booked_devices is '{value}', want 0; plugin log: {}",
+                "{what}: {DOUBLE_BOOKED} is '{value}', want 0; plugin log: {}",
                 booked.join("|")
             )
         })?;

@@ -11,6 +11,8 @@ use crate::http;
 
 /// The plugin's metrics port: its default `--metrics-address`.
 pub const METRICS_PORT: u16 = 9465;
+/// The detector's gauge: device IDs PodResources lists in two or more running pods.
+pub const DOUBLE_BOOKED: &str = "efa_device_plugin_double_booked_devices";
 
 pub struct Plugin {
     pub binary: PathBuf,

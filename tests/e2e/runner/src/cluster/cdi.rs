@@ -31,7 +31,10 @@ const CDI: [&str; 4] = [
     "config.allocate.env.FI_PROVIDER=efa",
 ];
 /// The spec file the plugin writes in cdi mode, where containerd 2 reads it.
-const CDI_SPEC: &str = "/var/run/cdi/vpc.amazonaws.com-efa.json";
+/// The plugin's CDI spec, where the shipped CDI mode writes it (`/var/run/cdi`, a link to
+/// `/run/cdi`). Spelled under `/run`, the path a fleet node binds its own dir over, so that
+/// `host_path` finds a further node's spec.
+pub const CDI_SPEC: &str = "/run/cdi/vpc.amazonaws.com-efa.json";
 const HOLDER: &str = "cdi-holder";
 /// The holder's process is `sleep` this long, which names it on the host.
 const HOLDER_SLEEP: u64 = 100_017;

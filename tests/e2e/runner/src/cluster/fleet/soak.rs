@@ -32,12 +32,13 @@ use super::seeded::Seeded;
 use super::truth::{self, NodeView};
 use super::{EFA_A, EFA_B, fleet_chart, fleet_node};
 use crate::cases::Detail;
+use crate::cluster::cdi::CDI_SPEC;
 use crate::cluster::kube::Pod;
 use crate::cluster::reboots::log_since;
 use crate::cluster::workload::{job_sleeping, labelled, pod_sleeping};
 use crate::cluster::{Cluster, NODE_STATUS_PERIOD};
 use crate::node::RESOURCE;
-use crate::plugin::sample;
+use crate::plugin::{DOUBLE_BOOKED, sample};
 use crate::reboot::start_to_register_in;
 use crate::stats::{median, p99, slope};
 use crate::wait::{secs, wait_for, wait_until};
@@ -62,9 +63,7 @@ const KNOWN_ADMISSION: &str = "Allocate failed due to (no healthy devices presen
 /// ... and lose a container the reboot killed, which a pod that never restarts does not get
 /// back (exit 137, or ContainerStatusUnknown when the kubelet found it gone).
 const KNOWN_KILL: &str = "^(ContainerStatusUnknown|Error/137)$";
-const CDI_SPEC: &str = "/run/cdi/vpc.amazonaws.com-efa.json";
 const DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
-const DOUBLE_BOOKED: &str = "efa_device_plugin_double_booked_devices";
 
 /// The day-two events, in the order the seed draws them from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
