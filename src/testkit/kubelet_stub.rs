@@ -123,6 +123,7 @@ impl KubeletStub {
         let handler = Handler {
             dir: self.dir.clone(),
             shared: self.shared.clone(),
+            stopped: stop.clone(),
         };
         let task = uds::spawn_server(listener, RegistrationServer::new(handler), stop.clone());
         self.server = Some((stop, task));
@@ -258,6 +259,9 @@ fn remove_sockets(dir: &Path) -> std::io::Result<()> {
 struct Handler {
     dir: PathBuf,
     shared: Shared,
+    /// This instance's stop: a kubelet that exits drops its connections, so a Register still
+    /// in flight then fails at once instead of living on beside the next instance.
+    stopped: CancellationToken,
 }
 
 impl Handler {
@@ -267,11 +271,8 @@ impl Handler {
             .send_modify(|v| v.last_error = Some(message.clone()));
         Status::unknown(message)
     }
-}
 
-#[tonic::async_trait]
-impl Registration for Handler {
-    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+    async fn answer(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
         let request = request.into_inner();
         self.shared.view.send_modify(|v| {
             v.register_calls += 1;
@@ -338,6 +339,16 @@ impl Registration for Handler {
             generation,
         ));
         Ok(Response::new(Empty {}))
+    }
+}
+
+#[tonic::async_trait]
+impl Registration for Handler {
+    async fn register(&self, request: Request<RegisterRequest>) -> Result<Response<Empty>, Status> {
+        tokio::select! {
+            () = self.stopped.cancelled() => Err(Status::unavailable("the kubelet stopped")),
+            answer = self.answer(request) => answer,
+        }
     }
 }
 
