@@ -21,6 +21,7 @@ use crate::conflict::Guard;
 use crate::health::{Monitor, ScanStats};
 use crate::holdings::PodResources;
 use crate::lifecycle::Lifecycle;
+use crate::service::budget;
 use crate::state::{
     Competition, ConflictWriter, DeviceReader, DeviceState, Holdings, Reader, Registration,
     StatusReader, Writer,
@@ -177,7 +178,7 @@ impl Plugin<'_> {
         // The first snapshot is in place before the kubelet can ask for it.
         monitor.refresh().await;
         let cdi = matches!(self.strategy, Strategy::Cdi { .. });
-        crate::service::check_sharing_fits(&self.readers.devices.current(), settings.sharing, cdi)
+        budget::check_sharing_fits(&self.readers.devices.current(), settings.sharing, cdi)
             .map_err(|reason| ConfigError(format!("{} {reason}", settings.origins.sharing)))?;
         self.tasks
             .spawn("health monitor", monitor.run(self.shutdown.clone()));

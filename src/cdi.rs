@@ -27,6 +27,15 @@ use crate::hostfile::{HostFile, KeepOnExit};
 use crate::proto::deviceplugin::{CdiDevice, ContainerAllocateResponse};
 use crate::state::{DeviceReader, Holdings, Inventory, Reader};
 
+/// What the spec writer holds per advertised ID at its peak (the start-up budget,
+/// `service::budget`, counts it), when a change renders the spec
+/// again while the last one is kept: two texts of about 300 bytes per device, their growth
+/// slack, and the rendered devices (`benches/memory.rs`: 810 EFAs × 64 in cdi mode peaked at
+/// 52.5 MiB, 785 bytes per ID over the device-specs figure, on a quiet host; 613 EFAs × 64
+/// peaked at 51.2 MiB on a busy one, where a slow reader keeps more lists and specs alive:
+/// 1,043 bytes per ID over the base and the lists).
+pub(crate) const PEAK_BYTES_PER_ID: usize = 1050;
+
 /// The spec's kind is the resource name, so several resources of one node never share a file or
 /// a device name space.
 #[derive(Clone, Debug, PartialEq, Eq)]

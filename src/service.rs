@@ -5,7 +5,6 @@
 
 use std::convert::Infallible;
 use std::future::Future;
-use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -26,11 +25,13 @@ use crate::allocation::{AllocateError, Allocator};
 use crate::proto::deviceplugin::{
     AllocateRequest, AllocateResponse, Device, DevicePluginOptions, Empty, ListAndWatchResponse,
     NumaNode, PreStartContainerRequest, PreStartContainerResponse, PreferredAllocationRequest,
-    PreferredAllocationResponse, TopologyInfo, UNHEALTHY,
+    PreferredAllocationResponse, TopologyInfo,
     device_plugin_server::{DevicePlugin, DevicePluginServer, SERVICE_NAME},
 };
 use crate::state::{DeviceReader, DeviceRecord, Inventory};
 use crate::uds::ConnectionId;
+
+pub(crate) mod budget;
 
 /// What the lifecycle learns from the streams of one generation.
 ///
@@ -186,105 +187,6 @@ fn encode_frame(inventory: &Inventory, sharing: Sharing) -> Bytes {
 
 /// A gRPC message's prefix: a compression flag and a 4-byte length.
 const GRPC_HEADER: usize = 5;
-
-/// The kubelet reads ListAndWatch with gRPC's default receive limit and drops a stream whose
-/// message is larger, every time it is sent.
-pub(crate) const KUBELET_MESSAGE_LIMIT: usize = 4 << 20;
-
-/// The memory limit the shipped manifests give the pod; a test holds them to it.
-pub(crate) const POD_MEMORY_LIMIT: usize = 64 << 20;
-
-/// The share of [`POD_MEMORY_LIMIT`] the device list may take at its peak: the rest is for the
-/// plugin itself, scrapes, Allocate and GetPreferredAllocation requests, and allocator slack.
-const LIST_MEMORY_BUDGET: usize = POD_MEMORY_LIMIT / 4 * 3;
-
-/// What the plugin holds besides its device list, measured (VmHWM) with no sharing.
-const BASE_MEMORY: usize = BASE_MEMORY_MIB << 20;
-const BASE_MEMORY_MIB: usize = 8;
-
-/// Copies of the encoded list alive at a change at most: the current frame, the one being
-/// encoded, and one a slow stream still holds.
-const LIST_COPIES: usize = 3;
-
-/// What the CDI spec writer holds per advertised ID at its peak, when a change renders the spec
-/// again while the last one is kept: two texts of about 300 bytes per device, their growth
-/// slack, and the rendered devices (`benches/memory.rs`: 810 EFAs × 64 in cdi mode peaked at
-/// 52.5 MiB, 785 bytes per ID over the device-specs figure, on a quiet host; 613 EFAs × 64
-/// peaked at 51.2 MiB on a busy one, where a slow reader keeps more lists and specs alive:
-/// 1,043 bytes per ID over the base and the lists).
-const CDI_BYTES_PER_ID: usize = 1050;
-
-/// What the PodResources view holds per advertised ID at its peak with every ID held: the
-/// kubelet's answer, received and decoded (a string per ID), and the view derived from it next
-/// to the one it replaces (an entry per EFA and container, the container's names shared by all
-/// its IDs). `benches/memory.rs`: 600 EFAs × 64 in cdi mode, every replica held by 64 pods with
-/// the longest names, through a flap and a GetPreferredAllocation, peaked 1.1 MiB over the
-/// same without holders (3.9 MiB in the worst of three runs: 30 to 106 bytes per ID).
-const HELD_BYTES_PER_ID: usize = 160;
-
-/// What the record of IDs Allocate gave out lately (`allocation::recent`) holds at its peak,
-/// with every ID given out within its window: a time per ID, 16 bytes, as many as the highest
-/// replica given out of each EFA (sized exactly)...
-const RECENT_BYTES_PER_ID: usize = 16;
-
-/// ...and per EFA, an entry naming it once: measured (glibc's `mallinfo2`, 1,780 EFAs given
-/// out in random order) at 195 bytes with a 63-character name unshared, 249 with 2 replicas
-/// (the replicas' times included); plus the set of EFA IDs the health monitor reads from it,
-/// 105 bytes each with that name.
-const RECENT_BYTES_PER_EFA: usize = 340;
-
-/// Refuses a sharing count under which the device list of `inventory` could exceed
-/// [`KUBELET_MESSAGE_LIMIT`], or the memory it takes at its peak (in cdi mode, with the spec
-/// writer's; with every ID held, the PodResources view's; with every ID given out lately, the
-/// record of them) the pod's limit. Sized for the worst
-/// case, every ID `Unhealthy` (the longest health), so no health change can push a list that
-/// passed over either. The reason starts with the count, for the caller to name the setting.
-pub(crate) fn check_sharing_fits(
-    inventory: &Inventory,
-    sharing: Sharing,
-    cdi: bool,
-) -> Result<(), String> {
-    let size = |sharing: Sharing| {
-        encoded_len(advertised(inventory, sharing).map(|mut device| {
-            device.health = UNHEALTHY.into();
-            device
-        }))
-    };
-    let memory = |sharing: Sharing| {
-        let efas = inventory.devices().len();
-        let ids = efas * sharing.replicas.get() as usize;
-        let spec = if cdi { ids * CDI_BYTES_PER_ID } else { 0 };
-        let recent = efas * RECENT_BYTES_PER_EFA + ids * RECENT_BYTES_PER_ID;
-        BASE_MEMORY + LIST_COPIES * size(sharing) + spec + ids * HELD_BYTES_PER_ID + recent
-    };
-    let fits = |sharing: Sharing| {
-        size(sharing) <= KUBELET_MESSAGE_LIMIT && memory(sharing) <= LIST_MEMORY_BUDGET
-    };
-    if fits(sharing) {
-        return Ok(());
-    }
-    let replicas = sharing.replicas.get();
-    // Both grow with the count, so the largest that fits is found by bisection.
-    let fitting = (1..replicas)
-        .collect::<Vec<_>>()
-        .partition_point(|&r| NonZeroU32::new(r).is_some_and(|r| fits(Sharing::replicas(r))));
-    let efas = inventory.devices().len();
-    let worst = size(sharing);
-    let why = if worst > KUBELET_MESSAGE_LIMIT {
-        format!(
-            "{efas} EFAs make a device list of up to {worst} bytes, over the kubelet's {KUBELET_MESSAGE_LIMIT}-byte message limit"
-        )
-    } else {
-        format!(
-            "{efas} EFAs{} need about {} MiB at a change, over the {} MiB of the pod's {} MiB memory limit the device list may take",
-            if cdi { " in cdi mode" } else { "" },
-            memory(sharing) >> 20,
-            LIST_MEMORY_BUDGET >> 20,
-            POD_MEMORY_LIMIT >> 20,
-        )
-    };
-    Err(format!("{replicas}: {why}; at most {fitting} fit"))
-}
 
 fn to_device(id: String, record: &DeviceRecord) -> Device {
     Device {
@@ -576,38 +478,11 @@ fn same(a: &Bytes, b: &Bytes) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use crate::allocation::sharing::shared;
     use prost::Message;
 
     use super::*;
     use crate::testkit::simulate::{Shape, inventory};
-
-    fn shared(n: u32) -> Sharing {
-        Sharing::replicas(NonZeroU32::new(n).unwrap())
-    }
-
-    #[test]
-    fn a_cdi_spec_too_large_for_the_pods_memory_is_refused_with_the_largest_count_that_fits() {
-        // The most EFAs whose list at 64 replicas fits the kubelet's message limit.
-        let dense = inventory(Shape::Dense(1780));
-        let fits = |replicas, cdi| check_sharing_fits(&dense, shared(replicas), cdi);
-        assert_eq!(fits(64, false), Ok(()));
-        let refused = fits(64, true).unwrap_err();
-        assert!(refused.starts_with("64:"), "{refused}");
-        assert!(
-            refused.contains("cdi mode") && refused.contains("64 MiB"),
-            "{refused}"
-        );
-        let fitting: u32 = refused
-            .rsplit("at most ")
-            .next()
-            .unwrap()
-            .trim_end_matches(" fit")
-            .parse()
-            .unwrap();
-        assert!((1..64).contains(&fitting), "{refused}");
-        assert_eq!(fits(fitting, true), Ok(()));
-        assert!(fits(fitting + 1, true).is_err());
-    }
 
     /// Blocking-pool threads of this process named `name`.
     fn threads_named(name: &str) -> usize {
@@ -674,42 +549,6 @@ mod tests {
         // all (two, when a turn's next caller comes before its thread is idle again).
         let threads = threads_named(POOL);
         assert!((1..=2).contains(&threads), "{threads} blocking threads");
-    }
-
-    #[test]
-    fn the_budget_counts_the_pod_view_with_every_id_held() {
-        // Fits with the spec writer's share alone; with every ID held, 540 EFAs at 64 replicas
-        // would take about 6 MiB more than the pod's share has left.
-        let refused =
-            check_sharing_fits(&inventory(Shape::Dense(540)), shared(64), true).unwrap_err();
-        assert!(refused.contains("in cdi mode need about"), "{refused}");
-    }
-
-    #[test]
-    fn the_budget_counts_the_record_of_ids_given_out_lately() {
-        // 494 EFAs at 64 replicas in cdi mode fit by 0.3 MiB without the record; with every ID
-        // given out within its window it takes 0.6 MiB more.
-        let refused =
-            check_sharing_fits(&inventory(Shape::Dense(494)), shared(64), true).unwrap_err();
-        assert!(refused.contains("in cdi mode need about"), "{refused}");
-    }
-
-    /// The budget is a share of the limit the shipped manifests set: both must name one figure.
-    #[test]
-    fn the_pod_memory_limit_is_the_one_the_manifests_set() {
-        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("manifests");
-        let read = |file: &str| -> serde_yaml::Value {
-            serde_yaml::from_str(&std::fs::read_to_string(root.join(file)).unwrap()).unwrap()
-        };
-        let daemonset = read("base/daemonset.yaml");
-        let values = read("helm/efa-device-plugin/values.yaml");
-        let limits = [
-            &daemonset["spec"]["template"]["spec"]["containers"][0]["resources"],
-            &values["resources"],
-        ]
-        .map(|resources| resources["limits"]["memory"].as_str().map(str::to_owned));
-        let ours = format!("{}Mi", POD_MEMORY_LIMIT >> 20);
-        assert_eq!(limits, [Some(ours.clone()), Some(ours)]);
     }
 
     #[test]

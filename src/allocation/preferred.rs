@@ -409,7 +409,7 @@ fn add(a: &Cost, b: &Cost) -> Cost {
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU32;
+    use crate::allocation::sharing::shared;
 
     use proptest::prelude::*;
 
@@ -423,10 +423,6 @@ mod tests {
     /// also run under the default strategy.
     fn inventory(shape: Shape) -> Inventory {
         simulate::inventory_named(shape, DeviceIdStrategy::Pci)
-    }
-
-    fn shared(replicas: u32) -> Sharing {
-        Sharing::replicas(NonZeroU32::new(replicas).unwrap())
     }
 
     fn advertised(inventory: &Inventory, sharing: Sharing) -> Vec<String> {

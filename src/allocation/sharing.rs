@@ -89,13 +89,15 @@ pub(crate) fn parse_replicas(text: &str) -> Result<NonZeroU32, String> {
     }
 }
 
+/// `n` replicas, for tests, which write the count as a literal.
+#[cfg(test)]
+pub(crate) fn shared(n: u32) -> Sharing {
+    Sharing::replicas(NonZeroU32::new(n).expect("a sharing count is at least 1"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn shared(n: u32) -> Sharing {
-        Sharing::replicas(NonZeroU32::new(n).unwrap())
-    }
 
     #[test]
     fn unshared_ids_are_the_pci_address() {

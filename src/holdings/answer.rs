@@ -222,7 +222,7 @@ fn allocation(bytes: usize) -> usize {
 /// The most memory prost's types may take for one answer, as the walk reckons it (checked
 /// against a counting allocator: within 32 bytes of what glibc's malloc hands out). The
 /// start-up budget gives the whole PodResources view 160 bytes per advertised ID
-/// (`service::HELD_BYTES_PER_ID`), 17.4 MiB at the largest sharing it accepts. Listed a
+/// ([`super::PEAK_BYTES_PER_ID`]), 17.4 MiB at the largest sharing it accepts. Listed a
 /// container at a time, those 113,920 IDs take 6.5 MiB decoded. The kubelet lists each held ID
 /// as a device group of its own with its NUMA node, about 320 bytes decoded, so past about
 /// 50,000 held IDs its answer is refused rather than risk the pod's limit (a p5 shared 64

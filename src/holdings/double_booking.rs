@@ -362,7 +362,7 @@ fn first_named(total: usize, items: impl Iterator<Item = impl Display>) -> (Stri
 
 #[cfg(test)]
 mod tests {
-    use std::num::NonZeroU32;
+    use crate::allocation::sharing::shared;
 
     use super::*;
     use crate::holdings::MAX_ANSWER;
@@ -380,10 +380,6 @@ mod tests {
             "rdmap32s27" | "0000:20:1b.0" => Some("rdmap32s27"),
             _ => None,
         }
-    }
-
-    fn shared(n: u32) -> Sharing {
-        Sharing::replicas(NonZeroU32::new(n).unwrap())
     }
 
     /// A pod whose containers hold the given IDs, one container each.
