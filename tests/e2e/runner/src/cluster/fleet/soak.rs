@@ -6,7 +6,8 @@
 //! - no uverbs node is inside running containers of two pods;
 //! - what the kubelet's PodResources says each container holds is what is inside it;
 //! - allocatable is back to each node's count within [`RECOVERY`];
-//! - every failed pod is a known kubelet behaviour ([`KNOWN_ADMISSION`], [`KNOWN_KILL`]);
+//! - every failed pod is a known kubelet behaviour ([`KNOWN_ADMISSION`], [`KNOWN_STALE_CHECKPOINT`],
+//!   [`KNOWN_KILL`]);
 //! - each node has one registered endpoint, and the CDI spec is there;
 //! - the plugin's RSS and open fds: their slopes are reported.
 //!
@@ -60,6 +61,15 @@ const PODRESOURCES_SETTLE: Duration = Duration::from_secs(20);
 /// a reboot): refuse them before the plugin registered again (kubernetes #125579, #128043 after
 /// a reboot, #138446 after a restart) ...
 const KNOWN_ADMISSION: &str = "Allocate failed due to (no healthy devices present; cannot allocate unhealthy devices|cannot allocate unregistered device)";
+/// ... and refuse a pod it admits in its first sync after starting, counting the devices its
+/// checkpoint still gives to pods that ended before it stopped: the device manager frees an ended
+/// pod's devices only at its next allocation (`UpdateAllocatedDevices`), which does nothing until
+/// every pod source has been seen (1.38 `devicemanager/manager.go:629`, 1.34 `:547`), and the
+/// kubelet marks the API source seen only after admitting the first pods it sent
+/// (1.38 `kubelet.go:2813`, 1.34 `:2541`). The scheduler saw the pods end and counts their EFAs
+/// free ...
+const KNOWN_STALE_CHECKPOINT: &str =
+    "Allocate failed due to requested number of devices unavailable for ";
 /// ... and lose a container the reboot killed, which a pod that never restarts does not get
 /// back (exit 137, or ContainerStatusUnknown when the kubelet found it gone).
 const KNOWN_KILL: &str = "^(ContainerStatusUnknown|Error/137)$";
@@ -137,6 +147,7 @@ pub fn soak(cluster: &mut Cluster) -> Result<Detail> {
         detector_doubles: 0,
         usage: BTreeMap::new(),
         known_admission: Regex::new(KNOWN_ADMISSION)?,
+        known_stale_checkpoint: Regex::new(KNOWN_STALE_CHECKPOINT)?,
         known_kill: Regex::new(KNOWN_KILL)?,
     };
     let plan = plan(&mut soak.draws, cycles);
@@ -191,6 +202,7 @@ struct Soak<'c> {
     /// Each node's plugin: (cycle, pid, RSS in KiB, open fds) per check.
     usage: BTreeMap<&'static str, Vec<(u32, u32, u64, u64)>>,
     known_admission: Regex,
+    known_stale_checkpoint: Regex,
     known_kill: Regex,
 }
 
@@ -481,10 +493,12 @@ impl Soak<'_> {
                 None
             } else if self.known_kill.is_match(&ended) {
                 Some("reboot")
-            } else if status.reason == "UnexpectedAdmissionError"
-                && self.known_admission.is_match(&status.message)
-            {
+            } else if status.reason != "UnexpectedAdmissionError" {
+                None
+            } else if self.known_admission.is_match(&status.message) {
                 Some("admission")
+            } else if self.known_stale_checkpoint.is_match(&status.message) {
+                Some("stale checkpoint")
             } else {
                 None
             };
