@@ -304,7 +304,7 @@ mod tests {
 
     /// The device snapshot of a simulated p4d: four EFAs, uverbs0 to uverbs3.
     fn p4d() -> DeviceState {
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         state.apply(inventory(Shape::P4d).devices().cloned().collect());
         state
     }

@@ -481,7 +481,7 @@ impl Monitor {
         let held = self
             .holdings
             .as_ref()
-            .map_or(Held::Unknown, |holdings| Held::of(&holdings.borrow()));
+            .map_or(Held::Unknown, |holdings| holdings.borrow().held());
         match (held, &self.given_lately) {
             (Held::Ids(mut ids), Some(given)) => {
                 ids.extend(given.efas_given_within(Duration::MAX));
@@ -610,7 +610,7 @@ mod tests {
         let hang = sysfs.path().join("hang");
         nix::unistd::mkfifo(&hang, nix::sys::stat::Mode::S_IRWXU).unwrap();
         let _release = Release(hang);
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         state.apply(
             simulate::inventory(simulate::Shape::P4d)
                 .devices()
@@ -677,7 +677,7 @@ mod tests {
             root.path().join("sys"),
             Judge::new(root.path().join("dev")),
             Duration::from_millis(1),
-            DeviceState::default(),
+            DeviceState::unguarded(),
         );
         monitor.observer = counted_pass;
         let shutdown = CancellationToken::new();
@@ -766,7 +766,7 @@ mod tests {
         let (node, devices) =
             simulate::FakeNode::build(root.path(), simulate::Shape::P4d, simulate::Nodes::Files)
                 .unwrap();
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         let (state, writer) = (state.reader(), state);
         let monitor = Monitor::new(
             node.sysfs.clone(),
@@ -931,7 +931,7 @@ mod tests {
                 simulate::Nodes::Files,
             )
             .unwrap();
-            let state = DeviceState::default();
+            let state = DeviceState::unguarded();
             let holdings = Writer::new(Arc::new(holding(held)));
             let (state, writer) = (state.reader(), state);
             let given = Arc::new(Recent::new(crate::allocation::recent::WINDOW));

@@ -377,7 +377,7 @@ mod tests {
         let path = blocker.join("out");
         let failures = Counter::default();
         let file = test_file(&path, Duration::from_millis(20), Some(failures.clone()));
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         state.apply(inventory(Shape::P4d).devices().cloned().collect());
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(file.follow(
@@ -407,7 +407,7 @@ mod tests {
         let path = dir.path().join("out");
         let recheck = Duration::from_secs(1);
         let file = test_file(&path, recheck, None);
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         state.apply(inventory(Shape::P4d).devices().cloned().collect());
         let renders = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = renders.clone();

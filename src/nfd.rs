@@ -79,7 +79,7 @@ mod tests {
     fn inventory(shape: Shape) -> Inventory {
         let root = tempfile::tempdir().unwrap();
         let (node, _) = FakeNode::build(root.path(), shape, Nodes::Files).unwrap();
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         state.apply(
             health::observe(&node.sysfs, DeviceIdStrategy::default(), &node.judge()).records,
         );
@@ -123,7 +123,7 @@ mod tests {
         let features = dir.path().join("features.d");
         std::fs::write(&features, "").unwrap();
         let path = features.join("efa");
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run(path.clone(), RETRY, state.reader(), shutdown.clone()));
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -143,7 +143,7 @@ mod tests {
     async fn follows_the_state_and_is_removed_on_shutdown() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("efa");
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(run(
             path.clone(),

@@ -128,11 +128,13 @@ fn each_snapshot_has_one_writing_module() {
         })
         .collect();
     for (writer, allowed) in WRITERS {
-        let naming: Vec<&str> = code
+        let mut naming: Vec<&str> = code
             .iter()
             .filter(|(_, code)| names_type(code, writer))
             .map(|(module, _)| top(module))
             .collect();
+        // A module that is a folder names it from several files.
+        naming.dedup();
         assert_eq!(naming, allowed, "the modules that name {writer}");
     }
     for (module, code) in &code {

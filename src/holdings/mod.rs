@@ -502,7 +502,7 @@ mod tests {
             &[&efas[0].ibdev, &efas[1].ibdev],
         )];
         let mut kubelet = PodResourcesStub::start(&socket, pods.clone()).unwrap();
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         state.apply(by_pci.devices().cloned().collect());
         let writer = Writer::<Arc<Holdings>>::default();
         let holdings = writer.reader();

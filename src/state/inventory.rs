@@ -1,24 +1,14 @@
-//! The one place device state lives: a `tokio::sync::watch` snapshot.
-//!
-//! The health monitor writes what it observes ([`DeviceState`]) and the DRA-conflict guard
-//! whether another driver owns the devices ([`ConflictWriter`]); both are inputs of this one
-//! snapshot and the only holders of its two writers, which are made together and are not
-//! `Clone`. Every ListAndWatch stream, the Allocate path, the metrics endpoint and the
-//! files that mirror the devices hold a [`DeviceReader`] and read the latest snapshot, so a
-//! stream that starts after a change still sees it: nothing is handed over through channels
-//! that a dead stream could swallow.
-//!
-//! The process's other snapshots (the [`Registration`], the [`Competition`], the PodResources
-//! view's [`Holdings`]) follow the same rule with a [`Writer`] that is not `Clone` and its
-//! [`Reader`]s: one writing module each.
+//! The device model and its fold: every EFA ever seen, with the health monitor's verdict
+//! ([`Inventory`]), the observation a pass folds into it, and the snapshot's two writers
+//! ([`DeviceState`] for the health monitor, [`ConflictWriter`] for the DRA-conflict guard).
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use serde::Serialize;
-use tokio::sync::watch;
 
+use super::snapshot::{Reader, Writer};
 use crate::discovery::Efa;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -167,7 +157,7 @@ pub enum Change {
 }
 
 /// Why a device that is no longer in the scan is still listed.
-pub(crate) const VANISHED: &str = "no longer in sysfs or no longer bound to the efa driver";
+const VANISHED: &str = "no longer in sysfs or no longer bound to the efa driver";
 
 impl Inventory {
     pub fn devices(&self) -> impl ExactSizeIterator<Item = &DeviceRecord> {
@@ -372,15 +362,6 @@ pub enum Held {
 }
 
 impl Held {
-    /// What `holdings` says is held.
-    pub fn of(holdings: &Holdings) -> Held {
-        if holdings.known {
-            Held::Ids(holdings.holders.keys().cloned().collect())
-        } else {
-            Held::Unknown
-        }
-    }
-
     fn holds(&self, id: &str) -> bool {
         match self {
             Held::Unknown => true,
@@ -412,251 +393,6 @@ impl Observation {
     }
 }
 
-/// A container that holds a device.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Holder {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-}
-
-/// Device id → the containers holding it, sorted, each named once: a container holding many
-/// IDs shares one [`Holder`] among them, so the view grows with the IDs held, not with their
-/// holders' names (up to 379 bytes each) times the IDs.
-pub type Holders = BTreeMap<String, Vec<Arc<Holder>>>;
-
-/// IDs a container holds under this plugin's resource name that this plugin does not advertise:
-/// given out by the AWS plugin, or by this one under another ID strategy or sharing count.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ForeignHold {
-    pub holder: Arc<Holder>,
-    /// Sorted, each once.
-    pub ids: Vec<String>,
-}
-
-/// One device that containers of two or more pods hold at once: the kubelet gave one ID out
-/// twice (kubernetes PR #137534), two allocators gave out one EFA, or its replica IDs outlived
-/// a change of the sharing count.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct DoubleBooking {
-    /// The EFA's advertised device id; under sharing, with the replica suffix held.
-    pub device: String,
-    /// The pods holding it, as (namespace, name), sorted; at least two. Shared with the
-    /// detector's record of the answers, so a booking that lasts is not copied at each poll.
-    pub pods: Vec<Arc<(String, String)>>,
-    pub cause: Cause,
-}
-
-/// How the pods of a [`DoubleBooking`] came to hold one device.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Cause {
-    /// The kubelet gave the device to two pods: one ID, or the EFA under its two names.
-    Kubelet,
-    /// Without sharing, the pods hold different IDs of the EFA, replica IDs among them, which
-    /// the plugin gave out while it shared the EFA under another count: the kubelet counts each
-    /// ID as a device of its own. It lasts as long as those pods.
-    SharingChanged {
-        /// The replica IDs held, sorted: the first few.
-        ids: Vec<String>,
-        /// How many replica IDs are held in all.
-        held: usize,
-    },
-}
-
-/// Who holds which EFA, as the kubelet's PodResources API last said. Written by the background
-/// poller alone, so nothing on the Allocate path waits on the kubelet.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Holdings {
-    /// Whether this is what the kubelet said: its last answer, or one kept over failed polls
-    /// for a bounded time ([`crate::holdings::STALE_LIMIT`]). Not known: the kubelet has not
-    /// answered yet, or not for longer than that; the holders are then the last known ones
-    /// (none if it never answered), and any ID may be held.
-    pub known: bool,
-    /// Whether the kubelet failed to answer since its last good answer, which the view is.
-    pub stale: bool,
-    /// Advertised device id → the containers holding it, under its own ID or a foreign one.
-    pub holders: Holders,
-    pub foreign: Vec<ForeignHold>,
-    /// The advertised device ids that foreign IDs map to: the kubelet counts them as free.
-    pub foreign_devices: std::collections::BTreeSet<String>,
-    /// The devices held by two or more pods in consecutive answers, sorted.
-    pub double_booked: Vec<DoubleBooking>,
-}
-
-impl Holdings {
-    /// How many foreign IDs are held.
-    pub fn foreign_ids(&self) -> usize {
-        self.foreign.iter().map(|f| f.ids.len()).sum()
-    }
-
-    /// The EFAs pods hold through this plugin while `inventory` is withheld for a DRA driver:
-    /// the driver cannot see them, so it may hand them to a second pod. None without a conflict.
-    pub fn unseen_by_dra(&self, inventory: &Inventory) -> usize {
-        match inventory.conflict() {
-            Some(_) => self.holders.len(),
-            None => 0,
-        }
-    }
-
-    /// Each pod holding EFAs through this plugin during a DRA conflict, with the device ids it
-    /// holds; empty without a conflict.
-    pub fn pods_unseen_by_dra(
-        &self,
-        inventory: &Inventory,
-    ) -> BTreeMap<(String, String), Vec<String>> {
-        let mut pods: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
-        if inventory.conflict().is_none() {
-            return pods;
-        }
-        for (device, holders) in &self.holders {
-            for holder in holders {
-                let ids = pods
-                    .entry((holder.namespace.clone(), holder.pod.clone()))
-                    .or_default();
-                // A pod's containers may share a device.
-                if !ids.contains(device) {
-                    ids.push(device.clone());
-                }
-            }
-        }
-        pods
-    }
-}
-
-/// What the rest of the process may know about the registration, for the probes and metrics.
-/// Written by the lifecycle alone.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Registration {
-    /// The device-plugin dir is watched: a kubelet's socket appearing is registered with at
-    /// once. What a service manager that orders the kubelet after the plugin waits for.
-    pub listening: bool,
-    pub registered: bool,
-    pub open_streams: usize,
-    pub registrations: u64,
-    pub kubelet_restarts: u64,
-}
-
-/// Whether another plugin serves the resource: written by the competing-plugin watch alone, and
-/// read by the lifecycle, which stands down while one does, and by the probes and metrics.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Competition {
-    /// The socket of another plugin for this resource that accepts connections.
-    pub socket: Option<String>,
-}
-
-/// What the probes and metrics read of the plugin's standing with the kubelet: the
-/// [`Registration`] and the [`Competition`], each read from its own writer.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PluginStatus {
-    pub registered: bool,
-    pub open_streams: usize,
-    pub competitor: Option<String>,
-    pub registrations: u64,
-    pub kubelet_restarts: u64,
-}
-
-/// Reads the two snapshots a [`PluginStatus`] is made of.
-#[derive(Clone)]
-pub struct StatusReader {
-    pub registration: Reader<Registration>,
-    pub competition: Reader<Competition>,
-}
-
-impl StatusReader {
-    pub fn current(&self) -> PluginStatus {
-        let Registration {
-            // The service manager's readiness notice alone waits for it.
-            listening: _,
-            registered,
-            open_streams,
-            registrations,
-            kubelet_restarts,
-        } = self.registration.current();
-        PluginStatus {
-            registered,
-            open_streams,
-            competitor: self.competition.borrow().socket.clone(),
-            registrations,
-            kubelet_restarts,
-        }
-    }
-}
-
-/// The one writer of a snapshot. It is not `Clone`: the module handed it is the only one that
-/// can change the snapshot, and the compiler keeps it so. Everyone else reads through a
-/// [`Reader`].
-pub struct Writer<T> {
-    shared: Reader<T>,
-}
-
-/// Read-only access to a snapshot. It outlives the writer: a reader whose writer has stopped
-/// keeps the last value rather than an error.
-pub struct Reader<T> {
-    tx: Arc<watch::Sender<T>>,
-}
-
-impl<T> Clone for Reader<T> {
-    fn clone(&self) -> Self {
-        Reader {
-            tx: self.tx.clone(),
-        }
-    }
-}
-
-impl<T> Writer<T> {
-    pub fn new(initial: T) -> Self {
-        Writer {
-            shared: Reader {
-                tx: Arc::new(watch::Sender::new(initial)),
-            },
-        }
-    }
-
-    pub fn reader(&self) -> Reader<T> {
-        self.shared.clone()
-    }
-
-    pub fn borrow(&self) -> watch::Ref<'_, T> {
-        self.shared.tx.borrow()
-    }
-
-    pub fn send_modify(&self, modify: impl FnOnce(&mut T)) {
-        self.shared.tx.send_modify(modify);
-    }
-
-    /// Changes the snapshot; readers are woken only if `modify` says it changed.
-    pub fn send_if_modified(&self, modify: impl FnOnce(&mut T) -> bool) -> bool {
-        self.shared.tx.send_if_modified(modify)
-    }
-
-    pub fn send_replace(&self, value: T) -> T {
-        self.shared.tx.send_replace(value)
-    }
-}
-
-impl<T: Default> Default for Writer<T> {
-    fn default() -> Self {
-        Writer::new(T::default())
-    }
-}
-
-impl<T> Reader<T> {
-    /// A receiver that has seen the current value and wakes on the next change.
-    pub fn subscribe(&self) -> watch::Receiver<T> {
-        self.tx.subscribe()
-    }
-
-    pub fn borrow(&self) -> watch::Ref<'_, T> {
-        self.tx.borrow()
-    }
-}
-
-impl<T: Clone> Reader<T> {
-    pub fn current(&self) -> T {
-        self.tx.borrow().clone()
-    }
-}
-
 /// Read-only access to the device snapshot, for the kubelet service, telemetry and the files
 /// that mirror the devices.
 pub type DeviceReader = Reader<Arc<Inventory>>;
@@ -674,22 +410,21 @@ pub struct ConflictWriter {
     writer: Writer<Arc<Inventory>>,
 }
 
-impl Default for DeviceState {
-    fn default() -> Self {
-        DeviceState::with_conflict_writer().0
-    }
-}
-
 impl DeviceState {
     /// A new, empty snapshot and its two writers, one per writing module.
     pub fn with_conflict_writer() -> (DeviceState, ConflictWriter) {
         let writer = Writer::<Arc<Inventory>>::default();
         let conflict = ConflictWriter {
-            writer: Writer {
-                shared: writer.reader(),
-            },
+            writer: writer.second(),
         };
         (DeviceState { writer }, conflict)
+    }
+
+    /// A new, empty snapshot whose conflict writer is dropped: no DRA-conflict guard can
+    /// withhold its devices. For the tests and tools that run no guard.
+    #[cfg(any(test, feature = "testkit"))]
+    pub fn unguarded() -> DeviceState {
+        DeviceState::with_conflict_writer().0
     }
 
     pub fn reader(&self) -> DeviceReader {
@@ -768,10 +503,10 @@ impl ConflictWriter {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn conflict(reason: &str) -> Option<Conflict> {
+    pub(in crate::state) fn conflict(reason: &str) -> Option<Conflict> {
         Some(Conflict {
             driver: "dra.net".into(),
             reason: reason.into(),
@@ -779,7 +514,7 @@ mod tests {
     }
     use crate::discovery::DevNum;
 
-    fn record(id: &str, verdict: Verdict) -> DeviceRecord {
+    pub(in crate::state) fn record(id: &str, verdict: Verdict) -> DeviceRecord {
         DeviceRecord {
             efa: Efa {
                 id: id.into(),
@@ -858,7 +593,7 @@ mod tests {
 
     #[test]
     fn a_vanished_device_stays_unhealthy_and_recovers() {
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         let changes = state.apply(vec![
             record("a", Verdict::healthy()),
             record("b", Verdict::healthy()),
@@ -891,7 +626,7 @@ mod tests {
 
     #[test]
     fn an_unreadable_device_is_unhealthy_with_its_reason_and_an_unreached_one_keeps_its_verdict() {
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         state.apply(vec![
             record("a", Verdict::healthy()),
             record("b", Verdict::healthy()),
@@ -1003,61 +738,9 @@ mod tests {
         assert_eq!(ids(&next), [("efa_0", "p2"), ("efa_1", "p1")]);
     }
 
-    fn held(pairs: &[(&str, &str, &str)]) -> Holdings {
-        let mut holders = Holders::new();
-        for (device, pod, container) in pairs {
-            holders
-                .entry((*device).into())
-                .or_default()
-                .push(Arc::new(Holder {
-                    namespace: "ml".into(),
-                    pod: (*pod).into(),
-                    container: (*container).into(),
-                }));
-        }
-        Holdings {
-            known: true,
-            holders,
-            ..Holdings::default()
-        }
-    }
-
-    #[test]
-    fn held_efas_count_as_unseen_by_dra_only_during_a_conflict() {
-        let (state, guard) = DeviceState::with_conflict_writer();
-        state.apply(vec![
-            record("a", Verdict::healthy()),
-            record("b", Verdict::healthy()),
-            record("c", Verdict::healthy()),
-        ]);
-        // Two containers of one pod share a; another pod holds b.
-        let holdings = held(&[
-            ("a", "p1", "main"),
-            ("a", "p1", "side"),
-            ("b", "p2", "main"),
-        ]);
-        assert_eq!(holdings.unseen_by_dra(&state.current()), 0);
-        assert!(holdings.pods_unseen_by_dra(&state.current()).is_empty());
-
-        guard.set_conflict(conflict("dra.net"));
-        assert_eq!(holdings.unseen_by_dra(&state.current()), 2);
-        let pods = holdings.pods_unseen_by_dra(&state.current());
-        assert_eq!(
-            pods.into_iter().collect::<Vec<_>>(),
-            [
-                (("ml".into(), "p1".into()), vec!["a".to_owned()]),
-                (("ml".into(), "p2".into()), vec!["b".to_owned()]),
-            ]
-        );
-        assert_eq!(Holdings::default().unseen_by_dra(&state.current()), 0);
-
-        guard.set_conflict(None);
-        assert_eq!(holdings.unseen_by_dra(&state.current()), 0);
-    }
-
     #[test]
     fn readers_wake_only_on_real_changes() {
-        let state = DeviceState::default();
+        let state = DeviceState::unguarded();
         let mut reader = state.reader().subscribe();
         state.apply(vec![record("a", Verdict::healthy())]);
         assert!(reader.has_changed().unwrap());
