@@ -34,7 +34,7 @@ use crate::telemetry::metrics::Metrics;
 /// `shutdown`. Returns once the plugin's socket is removed.
 pub(crate) async fn run(settings: &Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
     // Before anything a second instance could disturb: the socket, the NFD file.
-    let Some(_lock) = crate::lifecycle::lock_dir(&settings.device_plugin_dir, &shutdown).await?
+    let Ok(_lock) = crate::lifecycle::lock_dir(&settings.device_plugin_dir, &shutdown).await?
     else {
         return Ok(());
     };

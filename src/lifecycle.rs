@@ -46,17 +46,19 @@ const STREAM_PATIENCE: Duration = Duration::from_secs(5);
 /// Longest pause between registrations while the kubelet keeps ending streams at once.
 const CHURN_CAP: Duration = Duration::from_secs(30);
 
+/// Shutdown was asked for. Every wait of the lifecycle can end with it, and `?` carries it up
+/// to [`Lifecycle::run`], which then returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Stopped;
+
 /// Why a registration ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Ending {
     SocketReplaced,
     KubeletSocketReplaced,
     StreamEnded,
-    /// Not an ending: the kubelet's stream is open, the registration works.
-    StreamOpened,
     /// No stream within [`STREAM_PATIENCE`] of Register.
     NoStream,
-    Shutdown,
 }
 
 pub(crate) struct Lifecycle {
@@ -75,7 +77,6 @@ enum Attempt {
     /// A starting kubelet deleted the socket while we registered: its dir is clean now, so the
     /// next attempt goes at once rather than after a pause.
     SocketLost,
-    Shutdown,
 }
 
 /// What one registration leaves the next: the watch on the dir, the two backoffs, and the
@@ -126,7 +127,7 @@ impl Lifecycle {
 
     /// Runs until `shutdown`; the plugin's socket is removed before it returns.
     pub(crate) async fn run(self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        let Some(watch) = self.watch_dir(&shutdown).await else {
+        let Ok(watch) = self.watch_dir(&shutdown).await else {
             return Ok(());
         };
         self.registration.send_modify(|s| s.listening = true);
@@ -137,18 +138,15 @@ impl Lifecycle {
             last_kubelet: None,
             waiting_logged: false,
         };
-        while self.turn(&mut turns, &shutdown).await {}
+        while let Ok(()) = self.turn(&mut turns, &shutdown).await {}
         Ok(())
     }
 
     /// One registration: waits for a kubelet, registers, serves it until the registration
-    /// ends, and pauses if the ending asks for it. Returns false on shutdown.
-    async fn turn(&self, turns: &mut Turns, shutdown: &CancellationToken) -> bool {
+    /// ends, and pauses if the ending asks for it.
+    async fn turn(&self, turns: &mut Turns, shutdown: &CancellationToken) -> Result<(), Stopped> {
         if turns.watch.is_dead() {
-            match self.watch_dir(shutdown).await {
-                Some(fresh) => turns.watch = fresh,
-                None => return false,
-            }
+            turns.watch = self.watch_dir(shutdown).await?;
         }
         let kubelet = uds::identity(&self.kubelet_socket());
         if kubelet.is_none() {
@@ -161,17 +159,16 @@ impl Lifecycle {
                 .await;
         }
         turns.waiting_logged = false;
-        let generation = match self.attempt(&mut turns.watch, shutdown).await {
+        let generation = match self.attempt(&mut turns.watch, shutdown).await? {
             Attempt::Registered(generation) => generation,
-            Attempt::Shutdown => return false,
             Attempt::SocketLost => {
                 tracing::info!("a starting kubelet removed the plugin socket; serving it again");
-                return true;
+                return Ok(());
             }
             // The kubelet's socket went or was replaced between the look above and the dial:
             // a starting kubelet removes every socket before it binds its own. No failure: the
             // next turn waits for the new socket, or registers with it.
-            Attempt::Failed(_) if uds::identity(&self.kubelet_socket()) != kubelet => return true,
+            Attempt::Failed(_) if uds::identity(&self.kubelet_socket()) != kubelet => return Ok(()),
             Attempt::Failed(err) => {
                 let pause = turns.failures.failed(format!("{err:#}"));
                 return self
@@ -203,7 +200,7 @@ impl Lifecycle {
             s.open_streams = 0;
         });
         generation.stop().await;
-        self.after(ended, turns, shutdown).await
+        self.after(ended?, turns, shutdown).await
     }
 
     /// Serves a registration until it ends, logging it once it counts as working.
@@ -214,7 +211,7 @@ impl Lifecycle {
         kubelet: Option<FileIdentity>,
         restarted: bool,
         shutdown: &CancellationToken,
-    ) -> Ending {
+    ) -> Result<Ending, Stopped> {
         let log_registered = |after_failures: u32| {
             tracing::info!(
                 resource = %self.resource_name,
@@ -236,36 +233,38 @@ impl Lifecycle {
             failures,
             ..
         } = turns;
-        let ended = self
-            .wait_until_ended(generation, watch, kubelet, churn, true, shutdown)
-            .await;
-        if ended != Ending::StreamOpened {
-            return ended;
+        if let Some(ended) = self
+            .wait_for_stream(generation, watch, kubelet, shutdown)
+            .await?
+        {
+            return Ok(ended);
         }
         if let Some(after) = failures.recovered() {
             log_registered(after);
         }
-        self.wait_until_ended(generation, watch, kubelet, churn, false, shutdown)
+        self.wait_until_ended(generation, watch, kubelet, churn, shutdown)
             .await
     }
 
     /// After a registration ended: stands down for a competitor, or pauses as the ending
-    /// asks. Returns false on shutdown.
-    async fn after(&self, ended: Ending, turns: &mut Turns, shutdown: &CancellationToken) -> bool {
+    /// asks.
+    async fn after(
+        &self,
+        ended: Ending,
+        turns: &mut Turns,
+        shutdown: &CancellationToken,
+    ) -> Result<(), Stopped> {
         let pause = match ended {
-            Ending::Shutdown => return false,
             Ending::StreamEnded if self.competitor().is_some() => {
-                if !self.stand_down(shutdown).await {
-                    return false;
-                }
+                self.stand_down(shutdown).await?;
                 turns.churn.settle();
-                return true;
+                return Ok(());
             }
             Ending::StreamEnded => turns.churn.stream_ended(),
             Ending::NoStream => Some(turns.failures.failed(format!(
                 "the kubelet accepted Register but opened no ListAndWatch stream within {STREAM_PATIENCE:?}"
             ))),
-            _ => {
+            Ending::SocketReplaced | Ending::KubeletSocketReplaced => {
                 turns.churn.settle();
                 None
             }
@@ -279,7 +278,7 @@ impl Lifecycle {
                 self.wait_for_kubelet(&mut turns.watch, Some(pause), shutdown)
                     .await
             }
-            None => true,
+            None => Ok(()),
         }
     }
 
@@ -288,9 +287,8 @@ impl Lifecycle {
     }
 
     /// The kubelet gave the resource to a competing plugin: leave it there until that plugin's
-    /// socket goes, instead of taking it back and being taken from in turn. Returns false on
-    /// shutdown.
-    async fn stand_down(&self, shutdown: &CancellationToken) -> bool {
+    /// socket goes, instead of taking it back and being taken from in turn.
+    async fn stand_down(&self, shutdown: &CancellationToken) -> Result<(), Stopped> {
         tracing::error!(
             competitor = self.competitor().unwrap_or_default(),
             "the kubelet ended this plugin's stream while a competing device plugin serves the \
@@ -298,17 +296,18 @@ impl Lifecycle {
         );
         let mut competition = self.competition.subscribe();
         tokio::select! {
-            _ = shutdown.cancelled() => false,
-            gone = competition.wait_for(|c| c.socket.is_none()) => {
+            _ = shutdown.cancelled() => Err(Stopped),
+            // A reader keeps its snapshot's channel open: this never errs.
+            _ = competition.wait_for(|c| c.socket.is_none()) => {
                 tracing::info!("the competing device plugin is gone; registering again");
-                gone.is_ok()
+                Ok(())
             }
         }
     }
 
     /// Sets up the inotify watch on the device-plugin dir, creating the dir like the kubelet
     /// would. Retries until it works: a missing or unreadable dir is not a reason to exit.
-    async fn watch_dir(&self, shutdown: &CancellationToken) -> Option<DirWatch> {
+    async fn watch_dir(&self, shutdown: &CancellationToken) -> Result<DirWatch, Stopped> {
         persist("cannot watch the device-plugin dir", shutdown, || {
             std::fs::create_dir_all(&self.dir)
                 .and_then(|()| DirWatch::new(&self.dir))
@@ -318,16 +317,24 @@ impl Lifecycle {
     }
 
     /// Serves a fresh socket and registers it; a failed attempt leaves no server behind.
-    async fn attempt(&self, watch: &mut DirWatch, shutdown: &CancellationToken) -> Attempt {
+    async fn attempt(
+        &self,
+        watch: &mut DirWatch,
+        shutdown: &CancellationToken,
+    ) -> Result<Attempt, Stopped> {
         let generation = match self.serve() {
             Ok(generation) => generation,
-            Err(err) => return Attempt::Failed(err.context("cannot serve the plugin socket")),
+            Err(err) => {
+                return Ok(Attempt::Failed(
+                    err.context("cannot serve the plugin socket"),
+                ));
+            }
         };
         generation.hooks.registering();
         let registered = tokio::select! {
             _ = shutdown.cancelled() => {
                 generation.stop().await;
-                return Attempt::Shutdown;
+                return Err(Stopped);
             }
             result = tokio::time::timeout(REGISTER_TIMEOUT, self.register()) => {
                 result.unwrap_or_else(|_| Err(anyhow::anyhow!("Register timed out after {REGISTER_TIMEOUT:?}")))
@@ -336,17 +343,17 @@ impl Lifecycle {
             // dial-back would then fail, and Register hang until the timeout.
             () = socket_lost(watch, &generation) => {
                 generation.stop().await;
-                return Attempt::SocketLost;
+                return Ok(Attempt::SocketLost);
             }
         };
         match registered {
             Ok(()) => {
                 generation.hooks.registered();
-                Attempt::Registered(generation)
+                Ok(Attempt::Registered(generation))
             }
             Err(err) => {
                 generation.stop().await;
-                Attempt::Failed(err)
+                Ok(Attempt::Failed(err))
             }
         }
     }
@@ -390,13 +397,13 @@ impl Lifecycle {
         Ok(())
     }
 
-    /// Waits until `kubelet.sock` is (re)created, or `timeout` passes. Returns false on shutdown.
+    /// Waits until `kubelet.sock` is (re)created, or `timeout` passes.
     async fn wait_for_kubelet(
         &self,
         watch: &mut DirWatch,
         timeout: Option<Duration>,
         shutdown: &CancellationToken,
-    ) -> bool {
+    ) -> Result<(), Stopped> {
         let deadline = async {
             match timeout {
                 Some(t) => tokio::time::sleep(t).await,
@@ -406,51 +413,78 @@ impl Lifecycle {
         tokio::pin!(deadline);
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return false,
-                _ = &mut deadline => return true,
+                _ = shutdown.cancelled() => return Err(Stopped),
+                _ = &mut deadline => return Ok(()),
                 events = watch.next() => match events {
                     Ok(events) if !events.iter().any(|e| e.is_about(KUBELET_SOCKET) && e.is_creation()) => {}
-                    _ => return true,
+                    _ => return Ok(()),
                 },
             }
         }
     }
 
-    /// Waits for the registration to end; with `awaiting_stream`, returns
-    /// [`Ending::StreamOpened`] once the kubelet's stream is open, or [`Ending::NoStream`] after
-    /// [`STREAM_PATIENCE`] without it. Only the kubelet's counts (see [`StreamHooks`]), so
-    /// another client's stream, however long it stays open, cannot hide a missing one.
+    /// Waits for the kubelet's stream to open after Register: `None` once it is, or the
+    /// registration's ending, [`Ending::NoStream`] after [`STREAM_PATIENCE`] without it. Only the
+    /// kubelet's stream counts (see [`StreamHooks`]), so another client's stream, however long it
+    /// stays open, cannot hide a missing one.
+    async fn wait_for_stream(
+        &self,
+        generation: &Generation,
+        watch: &mut DirWatch,
+        kubelet: Option<FileIdentity>,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Ending>, Stopped> {
+        let mut kubelet_stream = generation.hooks.kubelet_stream();
+        tokio::select! {
+            _ = shutdown.cancelled() => Err(Stopped),
+            ended = self.ending(generation, watch, kubelet) => Ok(Some(ended)),
+            // The sender lives in the hooks this generation holds: it never errs here.
+            _ = kubelet_stream.wait_for(|opened| *opened) => Ok(None),
+            () = tokio::time::sleep(STREAM_PATIENCE) => Ok(Some(Ending::NoStream)),
+        }
+    }
+
+    /// Waits for a working registration to end, settling the churn backoff once its stream has
+    /// lasted [`STABLE_AFTER`].
     async fn wait_until_ended(
         &self,
         generation: &Generation,
         watch: &mut DirWatch,
         kubelet: Option<FileIdentity>,
         churn: &mut Churn,
-        awaiting_stream: bool,
         shutdown: &CancellationToken,
-    ) -> Ending {
+    ) -> Result<Ending, Stopped> {
+        // Counted from the stream's opening, not from Register.
         let stable = tokio::time::sleep(STABLE_AFTER);
         tokio::pin!(stable);
-        let patience = tokio::time::sleep(STREAM_PATIENCE);
-        tokio::pin!(patience);
-        let mut kubelet_stream = generation.hooks.kubelet_stream();
+        let ending = self.ending(generation, watch, kubelet);
+        tokio::pin!(ending);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Err(Stopped),
+                ended = &mut ending => return Ok(ended),
+                _ = &mut stable, if churn.streak > 0 => churn.settle(),
+            }
+        }
+    }
+
+    /// The registration's ending: the kubelet ended its stream, or the plugin's or the kubelet's
+    /// socket was replaced. Keeps the probes' count of open streams meanwhile.
+    async fn ending(
+        &self,
+        generation: &Generation,
+        watch: &mut DirWatch,
+        kubelet: Option<FileIdentity>,
+    ) -> Ending {
         let mut open_streams = generation.hooks.open_streams();
         self.record_open_streams(*open_streams.borrow_and_update());
         loop {
             tokio::select! {
-                _ = shutdown.cancelled() => return Ending::Shutdown,
                 // The sender lives in the hooks this generation holds: it never errs here.
                 Ok(()) = open_streams.changed() => {
                     self.record_open_streams(*open_streams.borrow_and_update());
                 }
                 _ = generation.hooks.ended_by_kubelet() => return Ending::StreamEnded,
-                // The sender lives in the hooks this generation holds: no error to tell apart.
-                _ = async { kubelet_stream.wait_for(|opened| *opened).await.is_ok() }, if awaiting_stream => {
-                    return Ending::StreamOpened;
-                }
-                _ = &mut patience, if awaiting_stream => return Ending::NoStream,
-                // Counted from the stream's opening, not from Register.
-                _ = &mut stable, if churn.streak > 0 && !awaiting_stream => churn.settle(),
                 events = watch.next() => {
                     if events.is_err() {
                         return Ending::SocketReplaced;
@@ -601,11 +635,11 @@ pub(crate) struct DirLock {
 /// Takes an exclusive `flock` on `dir` itself. A lock on the directory needs no file of its
 /// own: nothing to create on a full disk, and nothing for the kubelet's clean-up to touch.
 /// Another holder, or a dir that cannot be locked, is fatal; a dir that cannot be created or
-/// opened is retried, as the dir watch is. `None` on shutdown.
+/// opened is retried, as the dir watch is.
 pub(crate) async fn lock_dir(
     dir: &Path,
     shutdown: &CancellationToken,
-) -> anyhow::Result<Option<DirLock>> {
+) -> anyhow::Result<Result<DirLock, Stopped>> {
     let taken =
         persist("cannot lock the device-plugin dir", shutdown, || {
             std::fs::create_dir_all(dir)
@@ -624,21 +658,23 @@ pub(crate) async fn lock_dir(
                 )
         })
         .await;
-    taken.transpose()
+    match taken {
+        Ok(locked) => locked.map(Ok),
+        Err(Stopped) => Ok(Err(Stopped)),
+    }
 }
 
 /// Repeats `attempt` every [`LAST_RETRY`] until it succeeds, logging the first failure only.
-/// `None` on shutdown.
 async fn persist<T>(
     what: &str,
     shutdown: &CancellationToken,
     mut attempt: impl FnMut() -> anyhow::Result<T>,
-) -> Option<T> {
+) -> Result<T, Stopped> {
     let mut logged = false;
     let mut retry = Backoff::constant(LAST_RETRY);
     loop {
         match attempt() {
-            Ok(done) => return Some(done),
+            Ok(done) => return Ok(done),
             Err(err) if !logged => {
                 tracing::error!(error = %format!("{err:#}"), "{what}; retrying");
                 logged = true;
@@ -646,7 +682,7 @@ async fn persist<T>(
             Err(_) => {}
         }
         if !retry.sleep(shutdown).await {
-            return None;
+            return Err(Stopped);
         }
     }
 }
@@ -699,7 +735,7 @@ mod tests {
             Ok("set up")
         })
         .await;
-        assert_eq!(done, Some("set up"));
+        assert_eq!(done, Ok("set up"));
         assert_eq!(tries, [0, 5, 10, 15]);
 
         let stopping = shutdown.clone();
@@ -709,7 +745,7 @@ mod tests {
         });
         let started = tokio::time::Instant::now();
         let never = persist("cannot set up", &shutdown, || anyhow::bail!("never"));
-        assert_eq!(never.await, None::<()>);
+        assert_eq!(never.await, Err::<(), _>(Stopped));
         assert_eq!(started.elapsed(), Duration::from_secs(7));
     }
 }
