@@ -74,8 +74,8 @@ pub(crate) struct Lifecycle {
 enum Attempt {
     Registered(Generation),
     Failed(anyhow::Error),
-    /// A starting kubelet deleted the socket while we registered: its dir is clean now, so the
-    /// next attempt goes at once rather than after a pause.
+    /// A starting kubelet deleted the socket as we served or registered: its dir is clean now,
+    /// so the next attempt goes at once rather than after a pause.
     SocketLost,
 }
 
@@ -95,24 +95,30 @@ struct Generation {
     hooks: Arc<StreamHooks>,
     server: JoinHandle<Result<(), tonic::transport::Error>>,
     socket: PathBuf,
-    identity: Option<FileIdentity>,
+    /// The socket file served, so a path the kubelet deleted, or that names another file by
+    /// now, is never taken for it.
+    identity: FileIdentity,
 }
 
 impl Generation {
-    async fn stop(self) {
+    async fn stop(mut self) {
         self.stop.cancel();
-        let mut server = self.server;
-        match tokio::time::timeout(STOP_TIMEOUT, &mut server).await {
+        match tokio::time::timeout(STOP_TIMEOUT, &mut self.server).await {
             Ok(Ok(Err(err))) => tracing::error!(error = %err, "plugin gRPC server failed"),
             Ok(Err(err)) => tracing::error!(error = %err, "plugin gRPC server task failed"),
             Ok(Ok(Ok(()))) => {}
-            Err(_) => server.abort(),
+            Err(_) => self.server.abort(),
         }
         // Remove the socket only if it is still ours: the kubelet may already have deleted it,
         // and nothing else may be put at that path in between.
-        if self.identity.is_some() && uds::identity(&self.socket) == self.identity {
+        if self.is_served() {
             let _ = std::fs::remove_file(&self.socket);
         }
+    }
+
+    /// Whether the socket's path still names the file this generation serves.
+    fn is_served(&self) -> bool {
+        uds::identity(&self.socket) == Some(self.identity)
     }
 }
 
@@ -323,7 +329,8 @@ impl Lifecycle {
         shutdown: &CancellationToken,
     ) -> Result<Attempt, Stopped> {
         let generation = match self.serve() {
-            Ok(generation) => generation,
+            Ok(Some(generation)) => generation,
+            Ok(None) => return Ok(Attempt::SocketLost),
             Err(err) => {
                 return Ok(Attempt::Failed(
                     err.context("cannot serve the plugin socket"),
@@ -358,11 +365,17 @@ impl Lifecycle {
         }
     }
 
-    fn serve(&self) -> anyhow::Result<Generation> {
+    /// Serves a fresh socket; `None` if it was deleted as soon as it was made, as a starting
+    /// kubelet's clean-up does to every socket in the dir. Its identity is read after the bind,
+    /// so a socket deleted in between has none: a Register then would make the kubelet dial a
+    /// path that is gone until Register times out, while nothing could tell the socket was lost.
+    fn serve(&self) -> anyhow::Result<Option<Generation>> {
         let socket = self.plugin_socket();
         let listener =
             uds::bind(&socket).with_context(|| format!("binding {}", socket.display()))?;
-        let identity = uds::identity(&socket);
+        let Some(identity) = uds::identity(&socket) else {
+            return Ok(None);
+        };
         let stop = CancellationToken::new();
         let hooks = Arc::new(StreamHooks::default());
         let service = PluginService {
@@ -372,13 +385,13 @@ impl Lifecycle {
             stop: stop.clone(),
         };
         let server = uds::spawn_server(listener, crate::service::server(service), stop.clone());
-        Ok(Generation {
+        Ok(Some(Generation {
             stop,
             hooks,
             server,
             socket,
             identity,
-        })
+        }))
     }
 
     async fn register(&self) -> anyhow::Result<()> {
@@ -490,7 +503,7 @@ impl Lifecycle {
                         return Ending::SocketReplaced;
                     }
                     // Level-triggered: whatever the events said, compare what is there now.
-                    if uds::identity(&generation.socket) != generation.identity {
+                    if !generation.is_served() {
                         return Ending::SocketReplaced;
                     }
                     let now = uds::identity(&self.kubelet_socket());
@@ -516,7 +529,7 @@ impl Lifecycle {
 async fn socket_lost(watch: &mut DirWatch, generation: &Generation) {
     loop {
         let events = watch.next().await;
-        if events.is_err() || uds::identity(&generation.socket) != generation.identity {
+        if events.is_err() || !generation.is_served() {
             return;
         }
     }
