@@ -24,6 +24,7 @@ use crate::proto::deviceplugin::{
     KUBELET_SOCKET, PLUGIN_SOCKET, RegisterRequest, VERSION,
     registration_client::RegistrationClient,
 };
+use crate::service::server::PluginServer;
 use crate::service::{PluginService, StreamHooks};
 use crate::state::{Competition, DeviceReader, Reader, Registration, Writer};
 use crate::uds::{self, FileIdentity};
@@ -384,7 +385,7 @@ impl Lifecycle {
             hooks: hooks.clone(),
             stop: stop.clone(),
         };
-        let server = uds::spawn_server(listener, crate::service::server(service), stop.clone());
+        let server = uds::spawn_server(listener, PluginServer::new(service), stop.clone());
         Ok(Some(Generation {
             stop,
             hooks,

@@ -409,11 +409,10 @@ fn add(a: &Cost, b: &Cost) -> Cost {
 
 #[cfg(test)]
 mod tests {
-    use crate::allocation::sharing::shared;
-
     use proptest::prelude::*;
 
     use super::*;
+    use crate::allocation::sharing::shared;
     use crate::discovery::DeviceIdStrategy;
     use crate::discovery::Efa;
     use crate::state::{DeviceRecord, Failure, Verdict};

@@ -362,9 +362,8 @@ fn first_named(total: usize, items: impl Iterator<Item = impl Display>) -> (Stri
 
 #[cfg(test)]
 mod tests {
-    use crate::allocation::sharing::shared;
-
     use super::*;
+    use crate::allocation::sharing::shared;
     use crate::holdings::MAX_ANSWER;
     use crate::proto::podresources::{ContainerDevices, ContainerResources, PodResources};
     use crate::testkit::log::Log;
